@@ -1,0 +1,43 @@
+"""AdamW step on fp32 parameters: torch's three implementations, and kernelbench's Triton one.
+
+Bytes model: read p, g, m, v and write p, m, v, 4 bytes each: 28 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Requires
+from .optim_workloads import MODEL_370M, MODEL_TINY, SINGLE_4096x1024, TINY
+from .optimizer_op import OptimizerOp
+
+adamw = OptimizerOp(
+    "adamw",
+    doc="AdamW step, fp32 params and state",
+    workloads=[TINY, MODEL_TINY, SINGLE_4096x1024, MODEL_370M],
+    reference="torch-forloop",
+    hyperparams={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+    bytes_per_param=lambda candidate: 28,
+)
+
+
+def _torch_adamw(named_params, **kwargs):
+    return torch.optim.AdamW([p for _, p in named_params], **kwargs)
+
+
+@adamw.candidate("torch-forloop", baseline=True)
+def torch_forloop(named_params, **hp):
+    """torch.optim.AdamW(foreach=False): one kernel sequence per tensor."""
+    return _torch_adamw(named_params, foreach=False, **hp)
+
+
+@adamw.candidate("torch-foreach", baseline=True)
+def torch_foreach(named_params, **hp):
+    """torch.optim.AdamW(foreach=True): torch's default on CUDA."""
+    return _torch_adamw(named_params, foreach=True, **hp)
+
+
+@adamw.candidate("torch-fused", baseline=True)
+def torch_fused(named_params, **hp):
+    """torch.optim.AdamW(fused=True): one fused kernel over all tensors."""
+    return _torch_adamw(named_params, fused=True, **hp)

@@ -1,0 +1,290 @@
+"""The vocabulary of kernelbench: ops, workloads, candidates and the cases built from them.
+
+An *op* (``adamw``, ``rmsnorm``...) is declared once, in its own module under ``kernelbench/ops``:
+its named, seeded workloads, how to build inputs for them, the reference, the bytes / FLOP model
+and the tolerances by dtype. A *candidate* is one implementation of an op, registered with the
+op's ``@op.candidate(...)`` decorator next to the op; that decorator is the only place a new
+candidate touches.
+
+The harness never sees an op's internals: it asks an op for a :class:`Case` (something it can
+``prepare`` untimed, ``run`` timed, and read ``tensors`` from for parity) and times or compares it.
+Candidate modules import their kernels *inside* the factory functions, so that importing the
+registry never imports Triton kernels (``TRITON_INTERPRET`` must be set before they are defined).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+import torch
+
+REGISTRY: dict[str, "Op"] = {}
+
+
+class UsageError(ValueError):
+    """Bad input from a user (an unknown name, a bad option value). The CLI exits 2 on it."""
+
+
+def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> UsageError:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return UsageError(f"unknown {kind} '{name}'.{hint} Valid: {', '.join(valid) or '(none)'}.")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named, seeded problem. ``tier`` is ``"cpu"`` (small, used by tests and the quick suite)
+    or ``"gpu"`` (the sizes of ANCHORS.md). ``spec`` holds whatever the op's factories read."""
+
+    name: str
+    tier: str
+    spec: Mapping[str, Any]
+    seed: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass when |cand - ref| <= atol + rtol * |ref| element-wise, or, when ``fro`` is set, when
+    ||cand - ref||_F / ||ref||_F <= fro (for results whose elements are individually noisy)."""
+
+    atol: float
+    rtol: float
+    fro: float | None = None
+    reason: str = ""
+
+
+# Defaults by dtype; METHOD.md: fp32 1e-5, bf16 1e-2 (relative).
+DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(1e-10, 1e-8),
+    torch.float32: Tolerance(1e-6, 1e-5),
+    torch.float16: Tolerance(1e-3, 1e-2),
+    torch.bfloat16: Tolerance(1e-2, 1e-2),
+}
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def package_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@dataclass(frozen=True)
+class Requires:
+    """What a candidate needs to run. ``packages`` are import names (``adam_mini``)."""
+
+    cuda: bool = False
+    min_capability: tuple[int, int] | None = None
+    triton: bool = False
+    packages: tuple[str, ...] = ()
+    min_gpus: int = 1
+
+    def unmet(self, device: str) -> str | None:
+        """Why this cannot run on ``device`` here, or None when it can."""
+        for pkg in self.packages:
+            if not package_available(pkg):
+                return f"{pkg.replace('_', '-')} not installed"
+        if self.triton and not triton_available():
+            return "triton not installed"
+        if device != "cuda":
+            if self.cuda:
+                return "needs CUDA"
+            if self.triton and not _interpreter_on():
+                return "triton kernels need CUDA or TRITON_INTERPRET=1"
+            return None
+        if not torch.cuda.is_available():
+            return "needs CUDA (none visible)"
+        if torch.cuda.device_count() < self.min_gpus:
+            return f"needs {self.min_gpus} GPUs, {torch.cuda.device_count()} visible"
+        if self.min_capability is not None:
+            cap = torch.cuda.get_device_capability()
+            if cap < self.min_capability:
+                want = "sm_%d%d" % self.min_capability
+                return f"needs {want} or newer, this GPU is sm_{cap[0]}{cap[1]}"
+        return None
+
+    def interpreted(self, device: str) -> bool:
+        """True when this candidate's kernels would run in the Triton interpreter (no timing)."""
+        return self.triton and device != "cuda"
+
+
+def _interpreter_on() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass
+class Candidate:
+    """One implementation of an op. ``build`` is the op-specific factory (see each Op class).
+
+    baseline: an anchor every run includes (torch's own implementation, the official package).
+    parity: False for an anchor that computes something else (torch AdamW timed beside Adam-mini).
+    tags: variant labels users filter on, e.g. ``{"state": "fp8"}`` for ``--state fp8``.
+    tolerance: per-dtype override of the op's tolerance; give the reason in Tolerance.reason.
+    """
+
+    op: str
+    name: str
+    build: Callable[..., Any]
+    requires: Requires = field(default_factory=Requires)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    baseline: bool = False
+    parity: bool = True
+    mutates_inputs: bool = False
+    tolerance: Mapping[torch.dtype, Tolerance] | None = None
+    doc: str = ""
+
+
+class Case(Protocol):
+    """What the harness drives. ``run`` is the timed unit (one call, one optimizer step)."""
+
+    def prepare(self) -> None:
+        """Untimed work before each timed ``run`` (restore inputs a candidate mutates)."""
+
+    def run(self) -> None:
+        """The unit of work that is timed."""
+
+    def set_step(self, step: int) -> None:
+        """Parity: load the seeded inputs of step ``step`` (fresh inputs, next gradients)."""
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Parity: the named results of the last ``run`` (outputs, grads, params, state)."""
+
+    def state_bytes(self) -> int | None:
+        """Bytes of persistent state the candidate holds (optimizers), None when not applicable."""
+
+
+class Op:
+    """Base of every op. Subclasses define ``kind`` and ``make_case``."""
+
+    kind = "op"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        doc: str,
+        workloads: Sequence[Workload],
+        reference: str | Callable[..., Any],
+        tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        tag_values: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        if name in REGISTRY:
+            raise ValueError(f"op '{name}' declared twice")
+        self.name = name
+        self.doc = doc
+        self.workloads = {w.name: w for w in workloads}
+        self.reference = reference
+        self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+        self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
+        self.candidates: dict[str, Candidate] = {}
+        REGISTRY[name] = self
+
+    # -- registration -------------------------------------------------------------------------
+    def candidate(
+        self,
+        name: str,
+        *,
+        requires: Requires | None = None,
+        tags: Mapping[str, str] | None = None,
+        baseline: bool = False,
+        parity: bool = True,
+        mutates_inputs: bool = False,
+        tolerance: Mapping[torch.dtype, Tolerance] | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering ``build`` as candidate ``name`` of this op."""
+
+        def register(build: Callable[..., Any]) -> Callable[..., Any]:
+            if name in self.candidates:
+                raise ValueError(f"candidate '{name}' registered twice for op '{self.name}'")
+            for key, value in (tags or {}).items():
+                allowed = self.tag_values.get(key)
+                if allowed is None or value not in allowed:
+                    raise ValueError(f"{self.name}/{name}: tag {key}={value} not in {allowed}")
+            self.candidates[name] = Candidate(
+                op=self.name,
+                name=name,
+                build=build,
+                requires=requires or Requires(),
+                tags=dict(tags or {}),
+                baseline=baseline,
+                parity=parity,
+                mutates_inputs=mutates_inputs,
+                tolerance=tolerance,
+                doc=(build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else "",
+            )
+            return build
+
+        return register
+
+    # -- lookup ---------------------------------------------------------------------------------
+    def workload(self, name: str) -> Workload:
+        if name not in self.workloads:
+            raise unknown_name_error(f"workload of op '{self.name}'", name, self.workloads)
+        return self.workloads[name]
+
+    def workloads_for(self, tier: str) -> list[Workload]:
+        return [w for w in self.workloads.values() if w.tier == tier]
+
+    def get_candidate(self, name: str) -> Candidate:
+        if name not in self.candidates:
+            raise unknown_name_error(f"candidate of op '{self.name}'", name, self.candidates)
+        return self.candidates[name]
+
+    def select(
+        self, names: Sequence[str] | None = None, tags: Mapping[str, str] | None = None
+    ) -> list[Candidate]:
+        """Candidates by explicit name, else those matching every tag plus the baselines."""
+        if names:
+            return [self.get_candidate(n) for n in names]
+        for key, value in (tags or {}).items():
+            if key not in self.tag_values:
+                raise UsageError(
+                    f"op '{self.name}' has no option --{key}"
+                    + (f"; its options: {', '.join('--' + k for k in self.tag_values)}" if self.tag_values else "")
+                )
+            if value not in self.tag_values[key]:
+                raise UsageError(
+                    f"--{key} {value} is not accepted by op '{self.name}'; accepted: "
+                    + ", ".join(self.tag_values[key])
+                )
+        chosen = []
+        for cand in self.candidates.values():
+            matches = all(cand.tags.get(k) == v for k, v in (tags or {}).items())
+            if cand.baseline or matches:
+                chosen.append(cand)
+        return chosen
+
+    def tolerance_for(self, candidate: Candidate | None, dtype: torch.dtype) -> Tolerance:
+        if candidate is not None and candidate.tolerance and dtype in candidate.tolerance:
+            return candidate.tolerance[dtype]
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES[torch.float32])
+
+    # -- what subclasses provide ----------------------------------------------------------------
+    def modes(self) -> tuple[str, ...]:
+        return ("step",)
+
+    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> Case:
+        raise NotImplementedError  # subclasses: FunctionOp, OptimizerOp
+
+    def make_reference_case(self, workload: Workload, device: str, mode: str) -> Case:
+        raise NotImplementedError  # subclasses: FunctionOp, OptimizerOp
+
+    def bytes_moved(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
+        return None
+
+    def flops(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
+        return None
+
+
+def generator(device: str, seed: int) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen

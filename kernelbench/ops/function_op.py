@@ -1,0 +1,157 @@
+"""Ops that are functions of tensors (RMSNorm, rotary, Newton-Schulz), forward and backward.
+
+Candidate factories take no argument and return the callable to time; it is called with the op's
+inputs as keyword arguments and returns a tensor or a tuple of tensors (named by ``outputs``):
+
+    @rmsnorm.candidate("torch-compile")
+    def torch_compile():
+        return torch.compile(rmsnorm_ref)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from .base import Candidate, Op, Tolerance, Workload, generator
+
+MODES = ("fwd", "fwd+bwd")
+
+
+class FunctionOp(Op):
+    kind = "function"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        doc: str,
+        workloads: Sequence[Workload],
+        make_inputs: Callable[[Workload, str, torch.Generator], dict[str, Any]],
+        reference: Callable[..., Any],
+        outputs: Sequence[str],
+        grad_inputs: Sequence[str] = (),
+        modes: Sequence[str] = ("fwd",),
+        bytes_moved: Callable[[Workload, str], int] | None = None,
+        flops: Callable[[Workload, str], int] | None = None,
+        tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        tag_values: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        super().__init__(
+            name, doc=doc, workloads=workloads, reference=reference,
+            tolerances=tolerances, tag_values=tag_values,
+        )
+        unknown = set(modes) - set(MODES)
+        if unknown:
+            raise ValueError(f"op {name}: unknown modes {unknown}; known: {MODES}")
+        self.make_inputs = make_inputs
+        self.output_names = tuple(outputs)
+        self.grad_inputs = tuple(grad_inputs)
+        self._modes = tuple(modes)
+        self._bytes_moved = bytes_moved
+        self._flops = flops
+
+    def modes(self) -> tuple[str, ...]:
+        return self._modes
+
+    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> "FunctionCase":
+        return FunctionCase(self, candidate.build(), workload, device, mode, candidate.mutates_inputs)
+
+    def make_reference_case(self, workload: Workload, device: str, mode: str) -> "FunctionCase":
+        # Higher precision where the device allows it: fp64 on the CPU, fp32 on the GPU.
+        upcast = torch.float64 if device == "cpu" else torch.float32
+        return FunctionCase(self, self.reference, workload, device, mode, mutates=False, upcast=upcast)
+
+    def bytes_moved(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
+        return self._bytes_moved(workload, mode) if self._bytes_moved else None
+
+    def flops(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
+        return self._flops(workload, mode) if self._flops else None
+
+
+class FunctionCase:
+    """Inputs drawn from the workload's seed (plus the parity step), the callable, its results."""
+
+    def __init__(
+        self,
+        op: FunctionOp,
+        fn: Callable[..., Any],
+        workload: Workload,
+        device: str,
+        mode: str,
+        mutates: bool,
+        upcast: torch.dtype | None = None,
+    ) -> None:
+        if mode not in op.modes():
+            raise ValueError(f"op {op.name} has no mode {mode}; modes: {op.modes()}")
+        self.op, self.fn, self.workload, self.device, self.mode = op, fn, workload, device, mode
+        self.mutates, self.upcast = mutates, upcast
+        self.backward = mode == "fwd+bwd"
+        self.outputs: tuple[torch.Tensor, ...] | None = None
+        self.set_step(0)
+
+    def set_step(self, step: int) -> None:
+        gen = generator(self.device, self.workload.seed * 1_000_003 + step)
+        inputs = self.op.make_inputs(self.workload, self.device, gen)
+        self.input_dtypes = {k: v.dtype for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        if self.upcast is not None:
+            inputs = {k: _upcast(v, self.upcast) for k, v in inputs.items()}
+        self.pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)} if self.mutates else None
+        if self.backward:
+            for name in self.op.grad_inputs:
+                inputs[name] = inputs[name].detach().requires_grad_(True)
+        self.inputs = inputs
+        self.grad_seed = self.workload.seed * 1_000_003 + step + 500_009
+        self.grad_outputs: tuple[torch.Tensor, ...] | None = None
+        self.outputs = None
+
+    def prepare(self) -> None:
+        self.outputs = None  # free the last result before the next one is made
+        if self.pristine is not None:
+            with torch.no_grad():
+                for name, value in self.pristine.items():
+                    self.inputs[name].copy_(value)
+        if self.backward:
+            for name in self.op.grad_inputs:
+                self.inputs[name].grad = None
+
+    def run(self) -> None:
+        out = self.fn(**self.inputs)
+        outputs = out if isinstance(out, tuple) else (out,)
+        self.outputs = outputs
+        if self.backward:
+            if self.grad_outputs is None:
+                self.grad_outputs = self._make_grad_outputs(outputs)
+            torch.autograd.backward(outputs, self.grad_outputs)
+
+    def _make_grad_outputs(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        # Drawn in fp32 and rounded to the workload's dtype first, so the fp32 / fp64 reference
+        # back-propagates exactly the upstream gradient the candidate sees.
+        gen = generator(self.device, self.grad_seed)
+        base_dtype = next(iter(self.input_dtypes.values()))
+        grads = []
+        for out in outputs:
+            g = torch.randn(out.shape, generator=gen, device=self.device, dtype=torch.float32)
+            grads.append(g.to(base_dtype).to(out.dtype))
+        return tuple(grads)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if self.outputs is None:
+            raise RuntimeError("tensors() before run()")
+        result = {name: t.detach() for name, t in zip(self.op.output_names, self.outputs)}
+        if self.backward:
+            for name in self.op.grad_inputs:
+                grad = self.inputs[name].grad
+                if grad is not None:
+                    result[f"grad_{name}"] = grad
+        return result
+
+    def state_bytes(self) -> int | None:
+        return None
+
+
+def _upcast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value

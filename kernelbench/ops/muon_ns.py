@@ -1,0 +1,96 @@
+"""Muon's Newton-Schulz orthogonalisation: 5 quintic iterations in bf16.
+
+X = G / (||G||_F + 1e-7), transposed when rows > cols; each iteration A = X X^T,
+B = b A + c A A, X = a X + B X with (a, b, c) = (3.4445, -4.7750, 2.0315).
+FLOP model for m <= n per iteration: 4 m^2 n + 2 m^3 (no symmetry saving counted, so the
+TFLOP/s column is the "effective" rate ANCHORS.md uses).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Tolerance, Workload
+from .function_op import FunctionOp
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def newton_schulz_ref(G: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
+    """The iteration in G's own dtype (bf16 for the anchor, fp32 / fp64 for the reference)."""
+    a, b, c = NS_COEFFICIENTS
+    X = G
+    transposed = G.size(-2) > G.size(-1)
+    if transposed:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    return X.mT if transposed else X
+
+
+def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
+    G = torch.randn(workload.spec["shape"], generator=gen, device=device, dtype=torch.float32)
+    return {"G": G.to(workload.spec["dtype"])}
+
+
+def _flops(workload: Workload, mode: str) -> int:
+    *batch, rows, cols = workload.spec["shape"]
+    m, n = min(rows, cols), max(rows, cols)
+    count = 1
+    for b in batch:
+        count *= b
+    return count * NS_STEPS * (4 * m * m * n + 2 * m**3)
+
+
+def _bytes(workload: Workload, mode: str) -> int:
+    numel = 1
+    for s in workload.spec["shape"]:
+        numel *= s
+    return 2 * numel * torch.empty((), dtype=workload.spec["dtype"]).element_size()
+
+
+def _workload(name, tier, shape, dtype, seed=0) -> Workload:
+    return Workload(name, tier, {"shape": shape, "dtype": dtype}, seed=seed)
+
+
+muon_ns = FunctionOp(
+    "muon-ns",
+    doc="Newton-Schulz orthogonalisation (Muon), 5 quintic iterations",
+    workloads=[
+        _workload("64x64-fp32", "cpu", (64, 64), torch.float32, seed=1),
+        _workload("96x40-fp32", "cpu", (96, 40), torch.float32, seed=2),
+        _workload("3x32x48-fp32", "cpu", (3, 32, 48), torch.float32, seed=3),
+        *[_workload(f"{n}-bf16", "gpu", (n, n), torch.bfloat16) for n in (1024, 2048, 4096, 8192)],
+        _workload("4096x1024-bf16", "gpu", (4096, 1024), torch.bfloat16),
+        _workload("2048x512-bf16", "gpu", (2048, 512), torch.bfloat16),
+    ],
+    make_inputs=_inputs,
+    reference=newton_schulz_ref,
+    outputs=("X",),
+    modes=("fwd",),
+    flops=_flops,
+    bytes_moved=_bytes,
+    # Element-wise error is meaningless for an iteration that amplifies rounding; the issue's
+    # criterion is the relative Frobenius error (2e-2 in bf16).
+    tolerances={
+        torch.float32: Tolerance(1e-3, 1e-3, fro=1e-4, reason="relative Frobenius error"),
+        torch.float16: Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
+        torch.bfloat16: Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
+    },
+)
+
+
+@muon_ns.candidate("torch-eager", baseline=True)
+def torch_eager():
+    """The iteration in eager PyTorch at the input's dtype (cuBLAS on the GPU)."""
+    return newton_schulz_ref
+
+
+@muon_ns.candidate("torch-compile", baseline=True)
+def torch_compile():
+    """torch.compile of the eager iteration."""
+    return torch.compile(newton_schulz_ref, dynamic=False)

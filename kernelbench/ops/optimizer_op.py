@@ -1,0 +1,126 @@
+"""Ops that are optimizer steps (AdamW, Adam-mini, Adafactor, Muon).
+
+A workload's ``spec["shapes"]`` lists ``(name, shape)`` of fp32 parameters; ``spec`` may add
+``"hyperparams"`` (model geometry an optimizer needs, e.g. Adam-mini's ``dim`` and ``n_heads``).
+Candidate factories take the named parameters and keyword hyperparameters and return the
+optimizer:
+
+    @adamw.candidate("torch-fused", requires=Requires(cuda=True), baseline=True)
+    def torch_fused(named_params, *, lr, betas, eps, weight_decay):
+        return torch.optim.AdamW([p for _, p in named_params], lr=lr, ..., fused=True)
+
+Parameters are drawn from the workload's seed; gradient ``step`` from (seed, step), so every
+candidate and the reference see the same parameters and the same gradient stream.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from .base import Candidate, Op, Tolerance, Workload, generator
+
+
+def workload_numel(workload: Workload) -> int:
+    return sum(math.prod(shape) for _, shape in workload.spec["shapes"])
+
+
+def make_named_params(workload: Workload, device: str, gen: torch.Generator) -> list[tuple[str, torch.Tensor]]:
+    dtype = workload.spec.get("dtype", torch.float32)
+    params = []
+    for name, shape in workload.spec["shapes"]:
+        t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02
+        params.append((name, t.to(dtype)))
+    return params
+
+
+class OptimizerOp(Op):
+    kind = "optimizer"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        doc: str,
+        workloads: Sequence[Workload],
+        reference: str,
+        hyperparams: Mapping[str, Any],
+        bytes_per_param: Callable[[Candidate], int] | None = None,
+        tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        tag_values: Mapping[str, Sequence[str]] | None = None,
+        grad_scale: float = 1.0,
+    ) -> None:
+        super().__init__(
+            name, doc=doc, workloads=workloads, reference=reference,
+            tolerances=tolerances, tag_values=tag_values,
+        )
+        self.hyperparams = dict(hyperparams)
+        self._bytes_per_param = bytes_per_param
+        self.grad_scale = grad_scale
+
+    def hyperparams_for(self, workload: Workload) -> dict[str, Any]:
+        return {**self.hyperparams, **workload.spec.get("hyperparams", {})}
+
+    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str = "step") -> "OptimizerCase":
+        return OptimizerCase(self, candidate.build, workload, device)
+
+    def make_reference_case(self, workload: Workload, device: str, mode: str = "step") -> "OptimizerCase":
+        return self.make_case(self.get_candidate(self.reference), workload, device, mode)
+
+    def bytes_moved(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
+        if self._bytes_per_param is None:
+            return None
+        per_param = self._bytes_per_param(candidate)
+        return None if per_param is None else per_param * workload_numel(workload)
+
+
+class OptimizerCase:
+    def __init__(self, op: OptimizerOp, build: Callable[..., torch.optim.Optimizer], workload: Workload, device: str) -> None:
+        self.op, self.workload, self.device = op, workload, device
+        gen = generator(device, workload.seed)
+        self.named_params = [
+            (name, torch.nn.Parameter(t)) for name, t in make_named_params(workload, device, gen)
+        ]
+        self.set_step(0)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        self._allocated_before = torch.cuda.memory_allocated() if device == "cuda" else 0
+        self.optimizer = build(self.named_params, **op.hyperparams_for(workload))
+
+    def set_step(self, step: int) -> None:
+        gen = generator(self.device, self.workload.seed * 7919 + step + 1)
+        for _, p in self.named_params:
+            g = torch.randn(p.shape, generator=gen, device=self.device, dtype=torch.float32)
+            p.grad = (g * self.op.grad_scale).to(p.dtype)
+
+    def prepare(self) -> None:
+        pass  # gradients stay in place between steps; only step() is timed
+
+    def run(self) -> None:
+        self.optimizer.step()
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        result: dict[str, torch.Tensor] = {}
+        for name, p in self.named_params:
+            result[name] = p.detach()
+            for key, value in self.optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    result[f"{name}.{key}"] = value
+        return result
+
+    def state_bytes(self) -> int | None:
+        """On CUDA: memory the optimizer holds (allocated now minus before it was built; call
+        after the first step). Elsewhere: the bytes of the tensors in ``optimizer.state``."""
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated() - self._allocated_before
+        seen: set[int] = set()
+        total = 0
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.data_ptr() not in seen:
+                    seen.add(value.data_ptr())
+                    total += value.numel() * value.element_size()
+        return total

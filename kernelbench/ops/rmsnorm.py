@@ -1,0 +1,81 @@
+"""RMSNorm over the last dimension: y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32.
+
+Bytes model (element size s): forward reads x and writes y, 2s per element; forward+backward
+adds reading x and dy and writing dx, 5s per element in all (the weight is negligible).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .base import Workload
+from .function_op import FunctionOp
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Llama RMSNorm: statistics in fp32, scaled back in the input dtype."""
+    dtype = x.dtype
+    xf = x.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
+    shape, dtype = workload.spec["shape"], workload.spec["dtype"]
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    weight = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device=device, dtype=torch.float32)).to(dtype)
+    return {"x": x, "weight": weight, "eps": 1e-6}
+
+
+def _bytes(workload: Workload, mode: str) -> int:
+    numel = math.prod(workload.spec["shape"])
+    size = torch.empty((), dtype=workload.spec["dtype"]).element_size()
+    return numel * size * (2 if mode == "fwd" else 5)
+
+
+def _workload(name: str, tier: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> Workload:
+    return Workload(name, tier, {"shape": shape, "dtype": dtype}, seed=seed)
+
+
+# The sweep keeps M*N = 2^27 elements (256 MiB of bf16), the size of the headline shape.
+SWEEP = [_workload(f"sweep-n{n}-bf16", "gpu", (2**27 // n, n), torch.bfloat16) for n in
+         (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+
+rmsnorm = FunctionOp(
+    "rmsnorm",
+    doc="RMSNorm (x, weight, eps) over the last dim, forward and backward",
+    workloads=[
+        _workload("64x256-fp32", "cpu", (64, 256), torch.float32, seed=1),
+        _workload("1x760-fp32", "cpu", (1, 760), torch.float32, seed=2),
+        _workload("5x123x123-bf16", "cpu", (5, 123, 123), torch.bfloat16, seed=3),
+        _workload("32768x4096-bf16", "gpu", (32768, 4096), torch.bfloat16),
+        *SWEEP,
+    ],
+    make_inputs=_inputs,
+    reference=rmsnorm_ref,
+    outputs=("y",),
+    grad_inputs=("x", "weight"),
+    modes=("fwd", "fwd+bwd"),
+    bytes_moved=_bytes,
+)
+
+
+@rmsnorm.candidate("torch-eager", baseline=True)
+def torch_eager():
+    """Hugging Face-style eager RMSNorm, fp32 statistics."""
+    return rmsnorm_ref
+
+
+@rmsnorm.candidate("torch-rms-norm", baseline=True)
+def torch_rms_norm():
+    """torch.nn.functional.rms_norm."""
+    return lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@rmsnorm.candidate("torch-compile", baseline=True)
+def torch_compile():
+    """torch.compile of the eager RMSNorm."""
+    return torch.compile(rmsnorm_ref, dynamic=False)

@@ -1,0 +1,81 @@
+"""Rotary position embeddings, Hugging Face ``rotate_half`` style, applied to q and k.
+
+q (B, Hq, S, D), k (B, Hk, S, D), cos / sin (S, D). Bytes model (element size s): forward reads
+and writes q and k, 2s per element; forward+backward doubles that (cos / sin are negligible).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Workload
+from .function_op import FunctionOp
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """HF ``apply_rotary_pos_emb`` for (B, H, S, D) q and k and (S, D) cos / sin."""
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rotary_tables(seq_len: int, dim: int, device: str, dtype: torch.dtype, base: float = 10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+    freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
+    b, hq, hk, s, d = (workload.spec[k] for k in ("batch", "q_heads", "kv_heads", "seq", "head_dim"))
+    dtype = workload.spec["dtype"]
+    q = torch.randn((b, hq, s, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
+    k = torch.randn((b, hk, s, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
+    cos, sin = rotary_tables(s, d, device, dtype)
+    return {"q": q, "k": k, "cos": cos, "sin": sin}
+
+
+def _bytes(workload: Workload, mode: str) -> int:
+    spec = workload.spec
+    numel = spec["batch"] * (spec["q_heads"] + spec["kv_heads"]) * spec["seq"] * spec["head_dim"]
+    size = torch.empty((), dtype=spec["dtype"]).element_size()
+    return numel * size * (2 if mode == "fwd" else 4)
+
+
+def _workload(name, tier, b, hq, hk, s, d, dtype, seed=0) -> Workload:
+    return Workload(name, tier, {"batch": b, "q_heads": hq, "kv_heads": hk, "seq": s, "head_dim": d,
+                                 "dtype": dtype}, seed=seed)
+
+
+rotary = FunctionOp(
+    "rotary",
+    doc="Rotary embeddings (HF rotate_half) on q and k, forward and backward",
+    workloads=[
+        _workload("2x4x2x16x32-fp32", "cpu", 2, 4, 2, 16, 32, torch.float32, seed=1),
+        _workload("1x3x1x7x16-bf16", "cpu", 1, 3, 1, 7, 16, torch.bfloat16, seed=2),
+        _workload("8x32x8x2048x128-bf16", "gpu", 8, 32, 8, 2048, 128, torch.bfloat16),
+    ],
+    make_inputs=_inputs,
+    reference=rotary_ref,
+    outputs=("q_out", "k_out"),
+    grad_inputs=("q", "k"),
+    modes=("fwd", "fwd+bwd"),
+    bytes_moved=_bytes,
+)
+
+
+@rotary.candidate("torch-eager", baseline=True)
+def torch_eager():
+    """HF apply_rotary_pos_emb in eager PyTorch."""
+    return rotary_ref
+
+
+@rotary.candidate("torch-compile", baseline=True)
+def torch_compile():
+    """torch.compile of the eager rotary."""
+    return torch.compile(rotary_ref, dynamic=False)
