@@ -23,6 +23,7 @@ adam_mini = OptimizerOp(
     "adam-mini",
     doc="Adam-mini step, fp32 params; --state picks the first-moment dtype",
     workloads=[LLAMA_TINY, LLAMA_468M],
+    speed_anchor="torch-adamw-fused",
     reference="official",
     hyperparams={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1},
     bytes_per_param=lambda c: 28 if c.tags.get("algo") == "adamw" else _BYTES_PER_PARAM[c.tags.get("state", "fp32")],

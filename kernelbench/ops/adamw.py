@@ -15,6 +15,7 @@ adamw = OptimizerOp(
     "adamw",
     doc="AdamW step, fp32 params and state",
     workloads=[TINY, MODEL_TINY, SINGLE_4096x1024, MODEL_370M],
+    speed_anchor="torch-fused",
     reference="torch-forloop",
     hyperparams={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
     bytes_per_param=lambda candidate: 28,

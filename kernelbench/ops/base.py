@@ -175,6 +175,7 @@ class Op:
         reference: str | Callable[..., Any],
         tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
+        speed_anchor: str | None = None,
     ) -> None:
         if name in REGISTRY:
             raise ValueError(f"op '{name}' declared twice")
@@ -184,6 +185,8 @@ class Op:
         self.reference = reference
         self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
         self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
+        # The candidate every other one's time is divided by in reports (ANCHORS.md's anchor).
+        self.speed_anchor = speed_anchor
         self.candidates: dict[str, Candidate] = {}
         REGISTRY[name] = self
 

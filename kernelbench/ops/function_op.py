@@ -37,10 +37,11 @@ class FunctionOp(Op):
         flops: Callable[[Workload, str], int] | None = None,
         tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
+        speed_anchor: str | None = None,
     ) -> None:
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
-            tolerances=tolerances, tag_values=tag_values,
+            tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
         )
         unknown = set(modes) - set(MODES)
         if unknown:

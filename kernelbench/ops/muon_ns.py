@@ -68,6 +68,7 @@ muon_ns = FunctionOp(
         _workload("4096x1024-bf16", "gpu", (4096, 1024), torch.bfloat16),
         _workload("2048x512-bf16", "gpu", (2048, 512), torch.bfloat16),
     ],
+    speed_anchor="torch-eager",
     make_inputs=_inputs,
     reference=newton_schulz_ref,
     outputs=("X",),

@@ -50,11 +50,12 @@ class OptimizerOp(Op):
         bytes_per_param: Callable[[Candidate], int] | None = None,
         tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
+        speed_anchor: str | None = None,
         grad_scale: float = 1.0,
     ) -> None:
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
-            tolerances=tolerances, tag_values=tag_values,
+            tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
         )
         self.hyperparams = dict(hyperparams)
         self._bytes_per_param = bytes_per_param

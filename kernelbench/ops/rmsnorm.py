@@ -54,6 +54,7 @@ rmsnorm = FunctionOp(
         _workload("32768x4096-bf16", "gpu", (32768, 4096), torch.bfloat16),
         *SWEEP,
     ],
+    speed_anchor="torch-compile",
     make_inputs=_inputs,
     reference=rmsnorm_ref,
     outputs=("y",),

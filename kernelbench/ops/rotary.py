@@ -60,6 +60,7 @@ rotary = FunctionOp(
         _workload("1x3x1x7x16-bf16", "cpu", 1, 3, 1, 7, 16, torch.bfloat16, seed=2),
         _workload("8x32x8x2048x128-bf16", "gpu", 8, 32, 8, 2048, 128, torch.bfloat16),
     ],
+    speed_anchor="torch-compile",
     make_inputs=_inputs,
     reference=rotary_ref,
     outputs=("q_out", "k_out"),
