@@ -1,0 +1,421 @@
+"""Drives ops' cases through timing, memory and parity, and emits one result row per metric.
+
+The runner knows the :class:`~kernelbench.ops.base.Op` interface and nothing of any op. Rows go
+to a ``sink`` (the report writer) as soon as they exist, so an interrupted run keeps them. One
+candidate that raises, or runs out of memory, becomes an ``error`` row; the others still run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+import torch
+
+from ..ops.base import Candidate, Op, Tolerance, UsageError, Workload
+from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
+from .memory import peak_memory_delta
+from .parity import ParityTracker
+from .stats import Stats, summarize
+from .timing import TimingConfig, time_cpu, time_cuda
+
+# Row statuses. "suspect": a figure above the device's measured ceiling, a measurement error.
+OK, ERROR, SKIPPED, NOT_MEASURED, SUSPECT, PASS, FAIL = (
+    "ok", "error", "skipped", "not-measured", "suspect", "pass", "fail")
+
+ROW_FIELDS = ("op", "workload", "mode", "candidate", "metric", "value", "unit", "status", "flags",
+              "tensor", "message")
+
+
+class RowSink(Protocol):
+    def add(self, row: dict) -> None: ...
+
+
+@dataclass
+class PlanItem:
+    """What to run for one op: these candidates on these workloads in these modes."""
+
+    op: Op
+    candidates: list[Candidate]
+    workloads: list[Workload]
+    modes: list[str]
+
+
+@dataclass
+class RunSummary:
+    rows: int = 0
+    measured: int = 0
+    errors: int = 0
+    skipped: int = 0
+    parity_checks: int = 0
+    parity_failures: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def resolve_device(requested: str | None) -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``; an explicit request is honoured or refused."""
+    if requested in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif requested in ("cpu", "cuda"):
+        if requested == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        device = requested
+    else:
+        raise UsageError(f"--device {requested}: accepted values are cpu, cuda, auto")
+    if device == "cpu":
+        # Triton kernels run in the interpreter without a GPU; this must be set before any
+        # module defining a kernel is imported, i.e. before the first candidate is built.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return device
+
+
+def _row(op: Op, workload: Workload, mode: str, candidate: str, metric: str, value, unit: str,
+         status: str, message: str = "", flags: str = "", tensor: str = "") -> dict:
+    return {"op": op.name, "workload": workload.name, "mode": mode, "candidate": candidate,
+            "metric": metric, "value": value, "unit": unit, "status": status, "flags": flags,
+            "tensor": tensor, "message": message}
+
+
+def _error_message(exc: BaseException) -> str:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "out of memory: " + str(exc).splitlines()[0]
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" (at {os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class _Emitter:
+    def __init__(self, sink: RowSink, summary: RunSummary) -> None:
+        self.sink, self.summary = sink, summary
+
+    def __call__(self, row: dict) -> None:
+        self.summary.rows += 1
+        self.sink.add(row)
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmarks
+# ------------------------------------------------------------------------------------------------
+
+
+def run_benchmarks(plan: Iterable[PlanItem], device: str, sink: RowSink, *,
+                   timing: TimingConfig = TimingConfig(), rounds: int = 3,
+                   on_progress: Callable[[str], None] | None = None) -> RunSummary:
+    """Times every (candidate, workload, mode) of the plan; candidates of one workload are
+    interleaved in ``rounds`` rounds (A B C A B C ...) so drift hits them all alike."""
+    summary = RunSummary()
+    emit = _Emitter(sink, summary)
+    ceilings = measure_ceilings(torch.cuda.current_device()) if device == "cuda" else None
+    for item in plan:
+        for workload in item.workloads:
+            for mode in item.modes:
+                if on_progress:
+                    on_progress(f"{item.op.name} {workload.name} {mode}")
+                _bench_group(item.op, item.candidates, workload, mode, device, timing, rounds,
+                             ceilings, emit, summary)
+                _free_memory()
+    return summary
+
+
+def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: str, device: str,
+                 timing: TimingConfig, rounds: int, ceilings: Ceilings | None,
+                 emit: _Emitter, summary: RunSummary) -> None:
+    cases = {}
+    for cand in candidates:
+        unmet = cand.requires.unmet(device)
+        if unmet:
+            summary.skipped += 1
+            emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", SKIPPED, unmet))
+            continue
+        if cand.requires.interpreted(device):
+            emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", NOT_MEASURED,
+                      "Triton interpreter (no GPU): checked by parity only, time not measured"))
+            continue
+        try:
+            cases[cand.name] = op.make_case(cand, workload, device, mode)
+        except Exception as exc:  # noqa: BLE001 - one failing candidate must not stop the others
+            summary.errors += 1
+            emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
+            _free_memory()
+
+    timer = time_cuda if device == "cuda" else time_cpu
+    per_round = TimingConfig(
+        warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms / rounds,
+        min_reps=max(1, timing.min_reps // rounds), max_reps=max(1, timing.max_reps // rounds),
+        flush_l2=timing.flush_l2, cuda_graph=timing.cuda_graph,
+    )
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    modes: dict[str, str] = {}
+    for _ in range(rounds):
+        for name in list(cases):
+            case = cases[name]
+            try:
+                sample, modes[name] = timer(case.run, case.prepare, per_round)
+                times[name].extend(sample)
+            except Exception as exc:  # noqa: BLE001
+                summary.errors += 1
+                emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
+                del cases[name], times[name]
+                _free_memory()
+
+    stats = {name: summarize(times[name], modes[name]) for name in cases}
+    anchor = stats.get(op.speed_anchor) if op.speed_anchor else None
+    for name, case in cases.items():
+        cand = op.get_candidate(name)
+        summary.measured += 1
+        for row in _timing_rows(op, cand, workload, mode, stats[name], anchor, ceilings, device):
+            emit(row)
+        try:
+            if device == "cuda":
+                peak = peak_memory_delta(case.run, case.prepare)
+                emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", peak, "B", OK,
+                          "allocator peak during one call minus what was allocated before it"))
+            state = case.state_bytes()
+            if state is not None:
+                how = "allocated after the first step minus before construction" if device == "cuda" \
+                    else "bytes of the tensors in optimizer.state"
+                emit(_row(op, workload, mode, name, "state_bytes", state, "B", OK, how))
+        except Exception as exc:  # noqa: BLE001
+            summary.errors += 1
+            emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
+    cases.clear()
+
+
+def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats,
+                 anchor: Stats | None, ceilings: Ceilings | None, device: str) -> list[dict]:
+    flags = ["noisy"] if st.noisy else []
+    nbytes = op.bytes_moved(workload, cand, mode)
+    if device == "cuda" and nbytes is not None:
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        if nbytes < l2:
+            flags.append("fits-in-L2")
+    flag_text = ",".join(flags)
+    noise = f"IQR/median {st.relative_iqr:.1%}" + (" > 10%: noisy" if st.noisy else "")
+    name = cand.name
+    rows = [
+        _row(op, workload, mode, name, "time_median_ms", st.median, "ms", OK, f"{st.mode}; {noise}", flag_text),
+        _row(op, workload, mode, name, "time_p25_ms", st.p25, "ms", OK),
+        _row(op, workload, mode, name, "time_p75_ms", st.p75, "ms", OK),
+        _row(op, workload, mode, name, "time_iqr_ms", st.iqr, "ms", OK),
+        _row(op, workload, mode, name, "time_min_ms", st.min, "ms", OK),
+        _row(op, workload, mode, name, "reps", st.reps, "", OK),
+    ]
+    if anchor is not None and name != op.speed_anchor:
+        rows.append(_row(op, workload, mode, name, "ratio_vs_anchor", st.median / anchor.median, "x", OK,
+                         f"median / median of {op.speed_anchor} in the same run (below 1: faster)"))
+    seconds = st.median * 1e-3
+    nflops = op.flops(workload, cand, mode)
+    if nbytes is not None and seconds > 0:
+        rows += _roofline_rows(op, workload, mode, name, nbytes / seconds / 1e9, "gbps", "GB/s",
+                               ceilings.copy_gbps if ceilings else None, "pct_copy_bw", "copy bandwidth")
+    if nflops is not None and seconds > 0:
+        rows += _roofline_rows(op, workload, mode, name, nflops / seconds / 1e12, "tflops", "TFLOP/s",
+                               ceilings.matmul_tflops if ceilings else None, "pct_matmul", "bf16 matmul rate")
+    return rows
+
+
+def _roofline_rows(op, workload, mode, name, value, metric, unit, ceiling, pct_metric, what) -> list[dict]:
+    """The rate, and its share of the ceiling measured in this run; above the ceiling it is a
+    measurement error (cached data, unwritten output, a wrong model), flagged, never a win."""
+    if ceiling is None:
+        return [_row(op, workload, mode, name, metric, value, unit, OK)]
+    status, message, flags = OK, "", ""
+    if value > ceiling * CEILING_SLACK:
+        status, flags = SUSPECT, "above-ceiling"
+        message = (f"above the measured {what} ({ceiling:.0f} {unit}): a measurement error "
+                   "(cached data, unwritten output or a wrong bytes/FLOP model), not a win")
+    return [_row(op, workload, mode, name, metric, value, unit, status, message, flags),
+            _row(op, workload, mode, name, pct_metric, 100 * value / ceiling, "%", status, message, flags)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Parity
+# ------------------------------------------------------------------------------------------------
+
+PARITY_METRICS = (("max_abs", "parity_max_abs"), ("max_rel", "parity_max_rel"),
+                  ("mean_abs", "parity_mean_abs"), ("rel_fro", "parity_rel_fro"),
+                  ("n_outside", "parity_n_outside"), ("nan_mismatch", "parity_nan_mismatch"))
+
+
+def run_parity(plan: Iterable[PlanItem], device: str, sink: RowSink, *, steps: int,
+               atol: float | None = None, rtol: float | None = None,
+               on_progress: Callable[[str], None] | None = None) -> RunSummary:
+    """Runs the reference and every runnable candidate from identical seeded inputs for
+    ``steps`` steps (optimizers: the same gradient stream; functions: fresh inputs per step)
+    and compares every named tensor after each step."""
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: must be at least 1")
+    summary = RunSummary()
+    emit = _Emitter(sink, summary)
+    override = None
+    if atol is not None or rtol is not None:
+        override = Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0,
+                             reason="--atol/--rtol given on the command line")
+    for item in plan:
+        for workload in item.workloads:
+            for mode in item.modes:
+                if on_progress:
+                    on_progress(f"parity {item.op.name} {workload.name} {mode}")
+                _parity_group(item.op, item.candidates, workload, mode, device, steps, override, emit, summary)
+                _free_memory()
+    return summary
+
+
+def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode: str, device: str,
+                  steps: int, override: Tolerance | None, emit: _Emitter, summary: RunSummary) -> None:
+    def fail_all(message: str) -> None:
+        for cand in runnable:
+            summary.parity_checks += 1
+            summary.parity_failures += 1
+            summary.errors += 1
+            summary.failures.append(f"{op.name}/{workload.name}/{mode}/{cand.name}")
+            emit(_row(op, workload, mode, cand.name, "parity", None, "", ERROR, message))
+
+    runnable = []
+    for cand in candidates:
+        if not cand.parity or cand.name == op.reference:
+            continue  # an anchor computing something else, or the reference itself
+        unmet = cand.requires.unmet(device)
+        if unmet:
+            summary.skipped += 1
+            emit(_row(op, workload, mode, cand.name, "parity", None, "", SKIPPED, unmet))
+        else:
+            runnable.append(cand)
+    if not runnable:
+        return
+    ref_name = op.reference if isinstance(op.reference, str) else "reference"
+    try:
+        reference = op.make_reference_case(workload, device, mode)
+    except Exception as exc:  # noqa: BLE001
+        fail_all(f"reference {ref_name} failed to build: {_error_message(exc)}")
+        return
+    cases, trackers = {}, {}
+    for cand in runnable:
+        try:
+            cases[cand.name] = op.make_case(cand, workload, device, mode)
+            trackers[cand.name] = _Tracker(op, cand, override)
+        except Exception as exc:  # noqa: BLE001
+            summary.parity_checks += 1
+            summary.parity_failures += 1
+            summary.errors += 1
+            summary.failures.append(f"{op.name}/{workload.name}/{mode}/{cand.name}")
+            emit(_row(op, workload, mode, cand.name, "parity", None, "", ERROR, _error_message(exc)))
+    for step in range(steps):
+        try:
+            reference.set_step(step)
+            reference.prepare()
+            reference.run()
+            ref_tensors = reference.tensors()
+        except Exception as exc:  # noqa: BLE001
+            cases.clear()
+            fail_all(f"reference {ref_name} failed at step {step}: {_error_message(exc)}")
+            return
+        for name in list(cases):
+            case = cases[name]
+            try:
+                case.set_step(step)
+                case.prepare()
+                case.run()
+                trackers[name].update(step, ref_tensors, case.tensors())
+            except Exception as exc:  # noqa: BLE001
+                summary.parity_checks += 1
+                summary.parity_failures += 1
+                summary.errors += 1
+                summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name}")
+                emit(_row(op, workload, mode, name, "parity", None, "", ERROR,
+                          f"step {step}: {_error_message(exc)}"))
+                del cases[name]
+    for name in cases:
+        summary.parity_checks += 1
+        tracker = trackers[name]
+        passed = tracker.passed
+        if not passed:
+            summary.parity_failures += 1
+            summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name}")
+        for row in _parity_rows(op, workload, mode, name, ref_name, tracker, steps):
+            emit(row)
+
+
+class _Tracker:
+    """One ParityTracker per tolerance class (dtype), since a bf16 state tensor and an fp32
+    param of the same candidate are held to different tolerances."""
+
+    def __init__(self, op: Op, cand: Candidate, override: Tolerance | None) -> None:
+        self.op, self.cand, self.override = op, cand, override
+        self.by_dtype: dict[torch.dtype, ParityTracker] = {}
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        return self.override or self.op.tolerance_for(self.cand, dtype)
+
+    def update(self, step: int, ref: dict, cand: dict) -> None:
+        groups: dict[torch.dtype, dict] = {}
+        for name, t in cand.items():
+            groups.setdefault(t.dtype, {})[name] = t
+        for dtype, tensors in groups.items():
+            tracker = self.by_dtype.get(dtype)
+            if tracker is None:
+                tol = self.tolerance(dtype)
+                tracker = self.by_dtype[dtype] = ParityTracker(tol.atol, tol.rtol, tol.fro)
+            tracker.update(step, ref, tensors)
+
+    @property
+    def tensors(self):
+        for dtype, tracker in self.by_dtype.items():
+            for entry in tracker.tensors.values():
+                yield dtype, entry
+
+    @property
+    def not_compared(self) -> set[str]:
+        return set().union(*(t.not_compared for t in self.by_dtype.values())) if self.by_dtype else set()
+
+    @property
+    def passed(self) -> bool:
+        entries = list(self.tensors)
+        return bool(entries) and all(e.passed for _, e in entries)
+
+
+def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
+                 tracker: _Tracker, steps: int) -> list[dict]:
+    rows = []
+    failing = []
+    for dtype, entry in tracker.tensors:
+        tol = tracker.tolerance(dtype)
+        status = PASS if entry.passed else FAIL
+        if not entry.passed:
+            failing.append(f"{entry.name} (step {entry.first_failed_step})")
+        tol_text = f"{str(dtype).replace('torch.', '')}: " + (
+            f"rel Frobenius <= {tol.fro:g}" if tol.fro is not None else f"atol {tol.atol:g}, rtol {tol.rtol:g}")
+        if tol.reason:
+            tol_text += f" ({tol.reason})"
+        worst = entry.worst
+        for attr, metric in PARITY_METRICS:
+            rows.append(_row(op, workload, mode, name, metric, getattr(worst, attr), "", status,
+                             tol_text, tensor=entry.name))
+        rows.append(_row(op, workload, mode, name, "parity_first_failed_step",
+                         entry.first_failed_step, "step", status, tol_text, tensor=entry.name))
+    compared = len(list(tracker.tensors))
+    message = f"{compared} tensors vs {ref_name} over {steps} step(s)"
+    if failing:
+        message += "; failing: " + ", ".join(failing[:8]) + (" ..." if len(failing) > 8 else "")
+    if tracker.not_compared:
+        names = sorted(tracker.not_compared)
+        message += "; not compared (absent from the reference or another shape): " + ", ".join(names[:6])
+        message += " ..." if len(names) > 6 else ""
+    if compared == 0:
+        message = f"no tensor in common with {ref_name}: nothing was compared"
+    worst_rel = max((e.worst.max_rel for _, e in tracker.tensors), default=None)
+    rows.append(_row(op, workload, mode, name, "parity", 1.0 if tracker.passed else 0.0, "",
+                     PASS if tracker.passed else FAIL, message))
+    if worst_rel is not None:
+        rows.append(_row(op, workload, mode, name, "parity_worst_max_rel", worst_rel, "",
+                         PASS if tracker.passed else FAIL, "largest max_rel over all tensors and steps"))
+    return rows

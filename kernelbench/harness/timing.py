@@ -1,0 +1,161 @@
+"""Timing loops: CUDA events (optionally replaying a CUDA graph) and a host clock on the CPU.
+
+What every loop does (METHOD.md): warm up by time and convert that to a count; time each rep on
+its own, with untimed preparation (``prepare``) and, on CUDA, an L2 flush before it; return every
+per-rep time (so interleaved rounds can be merged) and a label of the mode; the statistics are
+computed once, in :mod:`kernelbench.harness.stats`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    min_reps: int = 10
+    max_reps: int = 1000
+    flush_l2: bool = True
+    cuda_graph: bool = False
+
+
+def _no_prep() -> None:
+    pass
+
+
+class L2Flusher:
+    """Writes a buffer larger than the device's L2 cache, so each rep starts cold (do_bench
+    writes 256 MB; here the size comes from the device: twice its L2, at least 64 MB)."""
+
+    def __init__(self, device: torch.device | str = "cuda") -> None:
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
+        self.nbytes = max(2 * l2, 64 * 2**20)
+        self.buffer = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+def _estimate_count(total_ms: float, per_call_ms: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, total_ms / max(per_call_ms, 1e-6))))
+
+
+def time_cuda(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
+              config: TimingConfig = TimingConfig()) -> tuple[list[float], str]:
+    """Per-rep times of ``fn`` in ms by CUDA events (cold L2 unless disabled), and the mode."""
+    if config.cuda_graph:
+        return _time_cuda_graph(fn, prepare, config)
+    flush = L2Flusher() if config.flush_l2 else _no_prep
+    # First call: compilation, autotuning, lazy state; then estimate one call's time over 5.
+    prepare()
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        prepare()
+        flush()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = start.elapsed_time(end) / 5
+    n_warmup = _estimate_count(config.warmup_ms, estimate, 1, config.max_reps)
+    n_reps = _estimate_count(config.rep_ms, estimate, config.min_reps, config.max_reps)
+    for _ in range(n_warmup):
+        prepare()
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
+    for i in range(n_reps):
+        prepare()
+        flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return times, "cuda-events" + (", L2 flushed" if config.flush_l2 else ", warm L2")
+
+
+def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config: TimingConfig) -> tuple[list[float], str]:
+    """Replays a graph of one call (plus the L2 flush, captured too), and subtracts the median of a
+    second graph that only flushes, as tritonbench does, so launch gaps vanish but L2 stays cold.
+    ``prepare`` runs once before capture: work that must be redone each rep can't be graphed."""
+    flush = L2Flusher() if config.flush_l2 else None
+    prepare()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        if flush is not None:
+            flush()
+        fn()
+    flush_graph = None
+    if flush is not None:
+        flush_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(flush_graph):
+            flush()
+
+    def replay_times(g: torch.cuda.CUDAGraph) -> list[float]:
+        g.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = start.elapsed_time(end) / 5
+        for _ in range(_estimate_count(config.warmup_ms, estimate, 1, config.max_reps)):
+            g.replay()
+        n = _estimate_count(config.rep_ms, estimate, config.min_reps, config.max_reps)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            starts[i].record()
+            g.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    times = replay_times(graph)
+    if flush_graph is None:
+        return times, "cuda-graph, warm L2"
+    flush_times = sorted(replay_times(flush_graph))
+    flush_ms = flush_times[len(flush_times) // 2]
+    return [max(t - flush_ms, 0.0) for t in times], f"cuda-graph, L2 flush graph ({flush_ms:.4f} ms) subtracted"
+
+
+def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
+             config: TimingConfig = TimingConfig()) -> tuple[list[float], str]:
+    """Host-clock timing for CPU candidates (perf_counter around each call)."""
+    prepare()
+    fn()
+    t0 = time.perf_counter()
+    prepare()
+    fn()
+    estimate = (time.perf_counter() - t0) * 1e3
+    for _ in range(_estimate_count(config.warmup_ms, estimate, 1, config.max_reps)):
+        prepare()
+        fn()
+    n_reps = _estimate_count(config.rep_ms, estimate, config.min_reps, config.max_reps)
+    times = []
+    for _ in range(n_reps):
+        prepare()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times, "cpu perf_counter"

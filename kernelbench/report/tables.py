@@ -1,0 +1,87 @@
+"""The result rows (long format) pivoted into the two tables people read: speed and parity."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+KEYS = ["op", "workload", "mode", "candidate"]
+
+BENCH_COLUMNS = {
+    "time_median_ms": "median ms",
+    "iqr_pct": "IQR %",
+    "ratio_vs_anchor": "vs anchor",
+    "gbps": "GB/s",
+    "pct_copy_bw": "% copy",
+    "tflops": "TFLOP/s",
+    "pct_matmul": "% matmul",
+    "peak_mem_delta_bytes": "peak MB",
+    "state_bytes": "state MB",
+}
+
+
+def bench_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per (op, workload, mode, candidate) with the speed metrics side by side, plus the
+    row's status and notes (skipped / error / not-measured reasons, noise and ceiling flags)."""
+    bench = rows[~rows["metric"].astype(str).str.startswith("parity")]
+    if bench.empty:
+        return pd.DataFrame()
+    values = bench.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first", sort=False)
+    lead = bench[bench["metric"] == "time_median_ms"].set_index(KEYS)
+    table = pd.DataFrame(index=lead.index)
+    for metric, title in BENCH_COLUMNS.items():
+        if metric == "iqr_pct" and {"time_iqr_ms", "time_median_ms"} <= set(values.columns):
+            table[title] = 100 * values["time_iqr_ms"] / values["time_median_ms"]
+        elif metric in values.columns:
+            col = values[metric]
+            table[title] = col / 1e6 if metric.endswith("bytes") else col
+    table["status"] = lead["status"]
+    suspect = bench[bench["status"] == "suspect"].groupby(KEYS)["metric"].apply(lambda m: "above ceiling: " + ",".join(m))
+    notes = lead["flags"].fillna("").astype(str)
+    notes = notes.where(lead["status"].isin(["ok"]), lead["message"].fillna("").astype(str))
+    table["notes"] = notes
+    if not suspect.empty:
+        table.loc[suspect.index, "status"] = "suspect"
+        table.loc[suspect.index, "notes"] = suspect
+    table = table.dropna(axis=1, how="all")
+    return table.reset_index()
+
+
+def parity_table(rows: pd.DataFrame) -> pd.DataFrame:
+    checks = rows[rows["metric"] == "parity"].set_index(KEYS)
+    if checks.empty:
+        return pd.DataFrame()
+    worst = rows[rows["metric"] == "parity_worst_max_rel"].set_index(KEYS)["value"]
+    table = pd.DataFrame(index=checks.index)
+    table["result"] = checks["status"]
+    table["worst max rel"] = worst.reindex(checks.index)
+    table["details"] = checks["message"]
+    return table.reset_index()
+
+
+def fmt(value) -> str:
+    """Numbers as people read them in a table: 3 significant digits, no scientific notation
+    for ordinary magnitudes, empty for missing values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 0.01:
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.1f}"
+        return f"{value:.2e}"
+    return str(value)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "_(none)_\n"
+    cols = list(table.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in table.iterrows():
+        cells = [fmt(row[c]).replace("|", "\\|").replace("\n", " ") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

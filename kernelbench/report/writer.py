@@ -1,0 +1,149 @@
+"""The report folder of one invocation: results.csv, run.json, summary.md, junit.xml.
+
+``results.csv`` is appended row by row as results arrive (and flushed), so a crash or Ctrl-C
+keeps everything measured until then; ``run.json`` is rewritten at the start, every few
+seconds, and at the end; ``summary.md`` and ``junit.xml`` are written when the run closes,
+also when it closes on an exception.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+
+from ..harness.runner import ROW_FIELDS
+from .tables import bench_table, parity_table, to_markdown
+
+RESULTS_CSV, RUN_JSON, SUMMARY_MD, JUNIT_XML = "results.csv", "run.json", "summary.md", "junit.xml"
+SCHEMA_VERSION = 1
+_JSON_EVERY_S = 5.0
+
+
+def default_output_dir(verb: str, label: str, root: Path = Path("results")) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{stamp}-{verb}-{label}"
+
+
+def _jsonable(value):
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None if math.isnan(value) else str(value)
+    return value
+
+
+class ReportWriter:
+    """A row sink (see harness.runner.RowSink) that persists as it goes."""
+
+    def __init__(self, folder: Path, fingerprint: dict, verb: str) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = fingerprint
+        self.verb = verb
+        self.rows: list[dict] = []
+        self.ceilings: dict | None = None
+        self.outcome = "running"
+        self._csv = self.folder / RESULTS_CSV
+        pd.DataFrame(columns=list(ROW_FIELDS)).to_csv(self._csv, index=False)
+        self._last_json = 0.0
+        self._write_json()
+
+    def add(self, row: dict) -> None:
+        row = {k: row.get(k) for k in ROW_FIELDS}
+        self.rows.append(row)
+        pd.DataFrame([row], columns=list(ROW_FIELDS)).to_csv(self._csv, mode="a", header=False, index=False)
+        if time.monotonic() - self._last_json > _JSON_EVERY_S:
+            self._write_json()
+
+    def set_ceilings(self, ceilings: dict) -> None:
+        self.ceilings = ceilings
+        self._write_json()
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(ROW_FIELDS))
+
+    def close(self, outcome: str) -> None:
+        self.outcome = outcome
+        self._write_json()
+        markdown = self.summary_markdown()
+        (self.folder / SUMMARY_MD).write_text(markdown)
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:
+            with open(step_summary, "a") as fh:
+                fh.write(markdown + "\n")
+        self._write_junit()
+
+    # -- files ----------------------------------------------------------------------------------
+    def _write_json(self) -> None:
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "verb": self.verb,
+            "outcome": self.outcome,
+            "environment": self.fingerprint,
+            "ceilings": self.ceilings,
+            "rows": [{k: _jsonable(v) for k, v in r.items()} for r in self.rows],
+        }
+        tmp = self.folder / (RUN_JSON + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        tmp.replace(self.folder / RUN_JSON)
+        self._last_json = time.monotonic()
+
+    def summary_markdown(self) -> str:
+        env = self.fingerprint
+        where = env.get("gpu_name") or f"CPU ({env.get('cpu', '?')})"
+        lines = [
+            f"# kernelbench {self.verb}: {self.outcome}",
+            "",
+            f"{where}; torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}; "
+            f"kernelbench {env.get('kernelbench')} ({env.get('git_sha')}); {env.get('utc_time')} UTC",
+            "",
+            f"Command: `{env.get('command_line')}`",
+            "",
+        ]
+        if self.ceilings:
+            lines += [f"Ceilings measured in this run: copy {self.ceilings['copy_gbps']:.0f} GB/s, "
+                      f"bf16 matmul {self.ceilings['matmul_tflops']:.0f} TFLOP/s.", ""]
+        frame = self.frame()
+        bench, parity = bench_table(frame), parity_table(frame)
+        if not bench.empty:
+            lines += ["## Speed", "", "Median of per-rep times; `vs anchor` is median / median of the op's "
+                      "anchor in the same run (below 1 is faster).", "", to_markdown(bench)]
+        if not parity.empty:
+            lines += ["## Parity", "", to_markdown(parity)]
+        return "\n".join(lines)
+
+    def _write_junit(self) -> None:
+        checks = [r for r in self.rows if r["metric"] == "parity"]
+        suite = ET.Element("testsuite", name=f"kernelbench.{self.verb}", tests=str(len(checks)),
+                           failures=str(sum(r["status"] == "fail" for r in checks)),
+                           errors=str(sum(r["status"] == "error" for r in checks)),
+                           skipped=str(sum(r["status"] == "skipped" for r in checks)))
+        for r in checks:
+            case = ET.SubElement(suite, "testcase", classname=f"kernelbench.parity.{r['op']}",
+                                 name=f"{r['workload']}/{r['mode']}/{r['candidate']}")
+            if r["status"] == "fail":
+                ET.SubElement(case, "failure", message=str(r["message"])[:500]).text = str(r["message"])
+            elif r["status"] == "error":
+                ET.SubElement(case, "error", message=str(r["message"])[:500]).text = str(r["message"])
+            elif r["status"] == "skipped":
+                ET.SubElement(case, "skipped", message=str(r["message"]))
+            else:
+                ET.SubElement(case, "system-out").text = str(r["message"])
+        root = ET.Element("testsuites")
+        root.append(suite)
+        ET.ElementTree(root).write(self.folder / JUNIT_XML, encoding="utf-8", xml_declaration=True)
+
+
+def load_report(folder: Path) -> tuple[dict, pd.DataFrame]:
+    """A report folder's run.json (environment, ceilings) and its rows from results.csv."""
+    folder = Path(folder)
+    csv_path, json_path = folder / RESULTS_CSV, folder / RUN_JSON
+    if not csv_path.is_file():
+        raise FileNotFoundError(f"{folder}: no {RESULTS_CSV} (is this a kernelbench report folder?)")
+    meta = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    return meta, pd.read_csv(csv_path)
