@@ -1,0 +1,564 @@
+"""RMSNorm over the last dimension, forward and backward in Triton, with an optional fused
+residual add.
+
+Math, for a row x of length N (statistics in fp32 whatever the input dtype):
+
+    h      = x + residual                        (only with a residual; stored as the new residual)
+    rstd   = 1 / sqrt(mean(h^2) + eps)
+    x_hat  = h * rstd
+    y      = x_hat * w                           (rounded once, to the input dtype)
+
+    g      = dy * w
+    dh     = rstd * (g - x_hat * mean(g * x_hat))   (+ d(new residual) when there is a residual)
+    dw     = sum over rows of dy * x_hat          (accumulated in fp32)
+    dx = dresidual = dh
+
+Kernels (block sizes per N are in ``_config``):
+- ``_rmsnorm_fwd_kernel``: rows up to 16384 wide sit in registers (several rows per program when
+  N is small, so a program moves at least 4096 elements); wider rows take two passes over
+  8192-wide chunks, the second reading the row back from L2 (a persistent grid of 2 programs per
+  SM bounds the rows in flight, so they stay in L2).
+- ``_rmsnorm_bwd_kernel``: rows up to 8192 wide: a persistent grid of a few programs per SM; each
+  program loops over its rows, writes dx, and keeps its share of dw in fp32 registers, written
+  once as a row of an fp32 (programs, N) partial buffer; ``_sum_rows_kernel`` then reduces that
+  buffer (a few MB) to dw. The dw reduction thus costs one store per program, not per row.
+  Wider rows cannot keep both the row and a dw accumulator of N fp32 values on chip, so dx takes
+  two passes per row (dot product, then dx, the row coming back from L2) and dw comes from a
+  column-parallel kernel (``_rmsnorm_dw_kernel``) that reads x and dy once more: 10 bytes per
+  bf16 element instead of 6, what torch.compile's generated backward moves at every N.
+- N > 65536 is refused by the Triton path; ``impl="auto"`` falls back to PyTorch there.
+
+``rmsnorm_ref`` is the fp32 reference these kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+MAX_N = 65536
+# fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+IMPLS = ("auto", "triton", "torch")
+
+# Rows up to this width stay in registers in the forward (16 warps: 32 fp32 values per thread).
+_FWD_SINGLE_PASS_MAX_N = 16384
+# The backward holds x, dy and the dw accumulator per element, three times the forward's
+# registers, so it keeps rows in registers only up to half the forward's width.
+_BWD_SINGLE_PASS_MAX_N = 8192
+# Chunk width of the two-pass kernels: 16 fp32 values per thread at 16 warps, no spills.
+_CHUNK_N = 8192
+# Small N: pack rows so a program moves >= 4096 elements (8 KB of bf16); fewer, fatter programs
+# keep enough bytes in flight per SM and amortise the per-program reduction and launch work.
+_ELEMENTS_PER_PROGRAM = 4096
+
+
+def rmsnorm_ref(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Reference in fp32 (fp64 inputs stay fp64): the math of the module docstring."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    h = x.to(compute)
+    if residual is not None:
+        h = (h + residual.to(compute)).to(x.dtype).to(compute)
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(compute)
+    y = y.to(x.dtype)
+    return y if residual is None else (y, h.to(x.dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _rmsnorm_fwd_kernel(
+    x_ptr, x_stride,  # input rows (M, N), unit column stride
+    res_ptr, res_stride,  # residual added before the norm (HAS_RESIDUAL)
+    w_ptr,  # weight (N,) (HAS_WEIGHT)
+    y_ptr, y_stride,  # normalised output (M, N)
+    h_ptr, h_stride,  # x + residual in the input dtype: the new residual (HAS_RESIDUAL)
+    rstd_ptr,  # (M,) fp32: 1/rms per row, saved for the backward
+    M, N, eps,
+    BLOCK_M: tl.constexpr,  # rows per block (1 unless N is small)
+    BLOCK_N: tl.constexpr,  # the padded row (single pass) or the chunk width (two passes)
+    SINGLE_PASS: tl.constexpr,  # the whole row fits in one block
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    num_row_blocks = tl.cdiv(M, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    for row_block in range(pid, num_row_blocks, num_programs):
+        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        rows = rows.to(tl.int64)  # offsets of tensors above 2^31 elements
+        if SINGLE_PASS:
+            mask = row_mask[:, None] & (cols < N)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+            if HAS_RESIDUAL:
+                r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
+                h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
+                tl.store(h_ptr + rows[:, None] * h_stride + cols[None, :], h, mask=mask)
+                x = h.to(ACC)  # normalise what is stored, so the backward sees the same h
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+            y = x * rstd[:, None]
+            if HAS_WEIGHT:
+                w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)
+                y = y * w[None, :]
+            tl.store(y_ptr + rows[:, None] * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            # BLOCK_M == 1: pass 1 sums squares chunk by chunk, pass 2 reads the row back (from
+            # L2) and writes y. The residual sum is recomputed in pass 2, bit-identically, rather
+            # than read back from h.
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+            for start in range(0, N, BLOCK_N):
+                mask = row_mask[:, None] & (start + cols < N)[None, :]
+                offs = start + cols[None, :]
+                x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
+                if HAS_RESIDUAL:
+                    r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
+                    h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
+                    tl.store(h_ptr + rows[:, None] * h_stride + offs, h, mask=mask)
+                    x = h.to(ACC)
+                acc += x * x
+            rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+            tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+            for start in range(0, N, BLOCK_N):
+                mask = row_mask[:, None] & (start + cols < N)[None, :]
+                offs = start + cols[None, :]
+                x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
+                if HAS_RESIDUAL:
+                    r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
+                    x = (x + r.to(ACC)).to(h_ptr.dtype.element_ty).to(ACC)
+                y = x * rstd[:, None]
+                if HAS_WEIGHT:
+                    w = tl.load(w_ptr + start + cols, mask=start + cols < N, other=0.0).to(ACC)
+                    y = y * w[None, :]
+                tl.store(y_ptr + rows[:, None] * y_stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    x_ptr, x_stride,  # the normalised input rows (h when there was a residual), (M, N)
+    w_ptr,  # weight (N,) (HAS_WEIGHT)
+    dy_ptr, dy_stride,  # gradient of y
+    dres_ptr, dres_stride,  # gradient of the new residual h (HAS_DRES)
+    rstd_ptr,  # (M,) fp32 from the forward
+    dx_ptr, dx_stride,  # gradient of x (and of the residual)
+    dw_partial_ptr,  # (num_programs, N) fp32: each program's share of dw (SINGLE_PASS only)
+    M, N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,  # the row fits in registers: dw is accumulated here too
+    HAS_DRES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    num_row_blocks = tl.cdiv(M, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    if SINGLE_PASS:
+        col_mask = cols < N
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)
+        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        for row_block in range(pid, num_row_blocks, num_programs):
+            rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < M
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            rows = rows.to(tl.int64)
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+            dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+            x_hat = x * rstd[:, None]
+            g = dy * w[None, :] if HAS_WEIGHT else dy
+            mean_gx = tl.sum(g * x_hat, axis=1) / N
+            dx = (g - x_hat * mean_gx[:, None]) * rstd[:, None]
+            if HAS_DRES:
+                dres = tl.load(dres_ptr + rows[:, None] * dres_stride + cols[None, :], mask=mask, other=0.0)
+                dx += dres.to(ACC)
+            tl.store(dx_ptr + rows[:, None] * dx_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_WEIGHT:
+                dw_acc += dy * x_hat
+        if HAS_WEIGHT:
+            tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+    else:
+        # BLOCK_M == 1; dx only (dw comes from _rmsnorm_dw_kernel). Pass 1: sum(g * x) over the
+        # row; pass 2 reads the row back (from L2) and writes dx = rstd*g - x * rstd^3 * sum/N.
+        for row in range(pid, M, num_programs):
+            rstd = tl.load(rstd_ptr + row)
+            row = tl.cast(row, tl.int64)
+            acc = tl.zeros([BLOCK_N], dtype=ACC)
+            for start in range(0, N, BLOCK_N):
+                mask = start + cols < N
+                x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                dy = tl.load(dy_ptr + row * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                if HAS_WEIGHT:
+                    dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
+                acc += dy * x
+            coef = tl.sum(acc, axis=0) * rstd * rstd * rstd / N
+            for start in range(0, N, BLOCK_N):
+                mask = start + cols < N
+                x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                dy = tl.load(dy_ptr + row * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                if HAS_WEIGHT:
+                    dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
+                dx = rstd * dy - x * coef
+                if HAS_DRES:
+                    dres = tl.load(dres_ptr + row * dres_stride + start + cols, mask=mask, other=0.0)
+                    dx += dres.to(ACC)
+                tl.store(dx_ptr + row * dx_stride + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_dw_kernel(
+    x_ptr, x_stride,  # normalised input rows (M, N)
+    dy_ptr, dy_stride,  # gradient of y
+    rstd_ptr,  # (M,) fp32
+    dw_partial_ptr,  # (num_splits, N) fp32: program (column block, split) writes its sum
+    M, N, rows_per_split,
+    BLOCK_R: tl.constexpr,  # rows per tile: 32 rows x 256 columns, 16 fp32 values per thread
+    BLOCK_N: tl.constexpr,  # columns per program: 512-byte bf16 segments per row, coalesced
+    ACC: tl.constexpr,
+):
+    col_block = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=ACC)
+    row_start = split * rows_per_split
+    row_end = tl.minimum(row_start + rows_per_split, M)
+    for first in range(row_start, row_end, BLOCK_R):
+        rows = first + tl.arange(0, BLOCK_R)
+        row_mask = rows < row_end
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        rows = rows.to(tl.int64)
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+        acc += dy * x * rstd[:, None]
+    tl.store(dw_partial_ptr + split * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _sum_rows_kernel(
+    partial_ptr,  # (P, N) fp32
+    out_ptr,  # (N,) in the weight's dtype
+    P, N,
+    BLOCK_P: tl.constexpr,  # rows summed per step: 64 x 64 tile, 16 values per thread
+    BLOCK_N: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
+    for first in range(0, P, BLOCK_P):
+        rows = first + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_mask[None, :]
+        acc += tl.load(partial_ptr + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch configuration
+# ------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int | None) -> int:
+    if device_index is None:  # the interpreter on the CPU: a few programs, so the loops loop
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_index(t: torch.Tensor) -> int | None:
+    return t.device.index if t.is_cuda else None
+
+
+def _config(n: int, single_pass_max_n: int) -> tuple[int, int, bool, int]:
+    """(BLOCK_M, BLOCK_N, SINGLE_PASS, num_warps) for rows of width n."""
+    if n <= single_pass_max_n:
+        block_n = triton.next_power_of_2(n)
+        block_m = max(1, _ELEMENTS_PER_PROGRAM // block_n)
+        single = True
+    else:
+        block_m, block_n, single = 1, _CHUNK_N, False
+    # 16 fp32 values per thread per live tensor: two 16-byte bf16 vectors per load, low spills.
+    num_warps = min(16, max(4, block_m * block_n // 512))
+    return block_m, block_n, single, num_warps
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tl_acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(M, N) view with unit column stride (copies only when the last dim is strided)."""
+    rows = t.reshape(-1, n)
+    return rows if rows.stride(-1) == 1 or rows.shape[0] == 0 else rows.contiguous()
+
+
+def _rmsnorm_fwd(x2d, weight, residual2d, eps):
+    m, n = x2d.shape
+    y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    h = torch.empty_like(y) if residual2d is not None else None
+    rstd = torch.empty((m,), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
+    if m == 0:
+        return y, h, rstd
+    block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N)
+    row_blocks = triton.cdiv(m, block_m)
+    # Two-pass rows are re-read from L2: a persistent grid of 2 programs per SM keeps the rows in
+    # flight (at N = 65536, 264 x 128 KB of bf16) inside it.
+    grid = row_blocks if single else min(row_blocks, 2 * _sm_count(_device_index(x2d)))
+    _rmsnorm_fwd_kernel[(grid,)](
+        x2d, x2d.stride(0),
+        residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
+        weight if weight is not None else x2d,
+        y, y.stride(0),
+        h if h is not None else y, h.stride(0) if h is not None else 0,
+        rstd, m, n, eps,
+        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single,
+        HAS_RESIDUAL=residual2d is not None, HAS_WEIGHT=weight is not None, ACC=_tl_acc(x2d.dtype),
+        num_warps=num_warps,
+    )
+    return y, h, rstd
+
+
+def _sum_rows(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    p, n = partial.shape
+    out = torch.empty((n,), dtype=dtype, device=partial.device)
+    _sum_rows_kernel[(triton.cdiv(n, 64),)](
+        partial, out, p, n, BLOCK_P=64, BLOCK_N=64, ACC=_tl_acc(partial.dtype), num_warps=8
+    )
+    return out
+
+
+def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d):
+    m, n = x2d.shape
+    dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    if m == 0:
+        dw = torch.zeros_like(weight) if weight is not None else None
+        return dx, dw
+    block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N)
+    row_blocks = triton.cdiv(m, block_m)
+    sms = _sm_count(_device_index(x2d))
+    # Persistent: a few programs per SM (4 for single-pass tiles of <= 8 warps, 2 at 16 warps),
+    # each looping over rows; capped at the row blocks so every program writes a dw partial.
+    per_sm = 2 if num_warps >= 16 or not single else 4
+    grid = min(row_blocks, per_sm * sms)
+    has_weight = weight is not None
+    dw_partial = (
+        torch.empty((grid, n), dtype=rstd.dtype, device=x2d.device) if single and has_weight else rstd
+    )
+    _rmsnorm_bwd_kernel[(grid,)](
+        x2d, x2d.stride(0),
+        weight if has_weight else x2d,
+        dy2d, dy2d.stride(0),
+        dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
+        rstd,
+        dx, dx.stride(0),
+        dw_partial,
+        m, n,
+        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single,
+        HAS_DRES=dres2d is not None, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype),
+        num_warps=num_warps,
+    )
+    if not has_weight:
+        return dx, None
+    if not single:
+        dw_block_n = 256
+        col_blocks = triton.cdiv(n, dw_block_n)
+        splits = max(1, min(triton.cdiv(m, 32), 4 * sms // col_blocks))
+        rows_per_split = triton.cdiv(m, splits)
+        splits = triton.cdiv(m, rows_per_split)
+        dw_partial = torch.empty((splits, n), dtype=rstd.dtype, device=x2d.device)
+        _rmsnorm_dw_kernel[(col_blocks, splits)](
+            x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, dw_partial, m, n, rows_per_split,
+            BLOCK_R=32, BLOCK_N=dw_block_n, ACC=_tl_acc(x2d.dtype), num_warps=16,
+        )
+    return dx, _sum_rows(dw_partial, weight.dtype)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps):
+        n = x.shape[-1]
+        x2d = _as_rows(x, n)
+        res2d = _as_rows(residual, n) if residual is not None else None
+        w = weight.contiguous() if weight is not None else None
+        y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps)
+        ctx.save_for_backward(h if h is not None else x2d, w, rstd)
+        ctx.shape, ctx.has_residual = x.shape, residual is not None
+        ctx.set_materialize_grads(False)
+        y = y.view(x.shape)
+        if h is None:
+            return y
+        return y, h.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy, dh=None):
+        normed, weight, rstd = ctx.saved_tensors
+        n = normed.shape[-1]
+        dy2d = _as_rows(dy, n) if dy is not None else torch.zeros_like(normed)
+        dres2d = _as_rows(dh, n) if dh is not None else None
+        dx, dw = _rmsnorm_bwd(normed, weight, rstd, dy2d, dres2d)
+        dx = dx.view(ctx.shape)
+        dres = dx if ctx.has_residual else None  # autograd clones where one tensor feeds two leaves
+        return dx, dw, dres, None
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API
+# ------------------------------------------------------------------------------------------------
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"rms_norm: x must be a tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"rms_norm: unsupported dtype {x.dtype}; accepted: float32, bfloat16, float16, float64")
+    if x.dim() == 0:
+        raise ValueError("rms_norm: x must have at least one dimension (the one normalised)")
+    n = x.shape[-1]
+    if weight is not None and tuple(weight.shape) != (n,):
+        raise ValueError(
+            f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({n},) to match the last "
+            f"dimension of x {tuple(x.shape)}"
+        )
+    if weight is not None and weight.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"rms_norm: unsupported weight dtype {weight.dtype}; accepted: float32, bfloat16, float16, float64"
+        )
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"rms_norm: residual has shape {tuple(residual.shape)}, expected x's {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"rms_norm: residual dtype {residual.dtype} differs from x's {x.dtype}")
+    if weight is not None and weight.device != x.device:
+        raise ValueError(f"rms_norm: weight is on {weight.device}, x on {x.device}")
+
+
+def triton_usable(x: torch.Tensor) -> str | None:
+    """Why the Triton path cannot take ``x`` here, or None when it can."""
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+    if x.shape[-1] > MAX_N:
+        return f"last dimension {x.shape[-1]} > {MAX_N}, the widest row the Triton kernels take"
+    return None
+
+
+def _torch_rms_norm(x, weight, eps, residual):
+    if residual is None:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    h = x + residual
+    return F.rms_norm(h, (h.shape[-1],), weight, eps), h
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    impl: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dimension of ``x`` (fp32 / bf16 / fp16), statistics in fp32.
+
+    ``residual``: add it to ``x`` first and return ``(y, x + residual)`` (the new residual
+    stream). ``eps=None`` means ``torch.finfo(x.dtype).eps``, as in ``torch.nn.RMSNorm``.
+    ``impl``: "triton", "torch" (``torch.nn.functional.rms_norm``) or "auto" (the faster of the
+    two for this shape and dtype, measured once and cached on disk; see kernelbench.nn.autoselect).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"rms_norm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    _check_inputs(x, weight, residual)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    if impl == "auto":
+        from .autoselect import choose_impl
+
+        impl = choose_impl("rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=_needs_grad(x, weight, residual))
+    if impl == "torch":
+        return _torch_rms_norm(x, weight, eps, residual)
+    why_not = triton_usable(x)
+    if why_not is not None:
+        raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    return _RMSNormFunction.apply(x, weight, residual, float(eps))
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class RMSNorm(torch.nn.Module):
+    """Drop-in for ``torch.nn.RMSNorm`` on kernelbench's Triton kernels.
+
+    Same constructor (``normalized_shape``, ``eps``, ``elementwise_affine``, ``device``,
+    ``dtype``) plus ``impl`` ("auto", "triton", "torch"). ``forward(x, residual=None)``: with a
+    residual, returns ``(y, x + residual)``.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"RMSNorm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.impl = impl
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            torch.nn.init.ones_(self.weight)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        k = len(self.normalized_shape)
+        if tuple(x.shape[x.dim() - k:]) != self.normalized_shape:
+            raise ValueError(
+                f"RMSNorm: input of shape {tuple(x.shape)} does not end in normalized_shape "
+                f"{self.normalized_shape}"
+            )
+        if k == 1:
+            return rms_norm(x, self.weight, self.eps, residual=residual, impl=self.impl)
+        # Several normalised dims: flatten them into one row (a view for contiguous inputs).
+        flat = x.reshape(*x.shape[: x.dim() - k], -1)
+        flat_res = residual.reshape(flat.shape) if residual is not None else None
+        weight = self.weight.reshape(-1) if self.weight is not None else None
+        out = rms_norm(flat, weight, self.eps, residual=flat_res, impl=self.impl)
+        if residual is None:
+            return out.reshape(x.shape)
+        return out[0].reshape(x.shape), out[1].reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+            f"impl={self.impl!r}"
+        )
