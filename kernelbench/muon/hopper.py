@@ -1,0 +1,202 @@
+"""Newton-Schulz GEMMs for Hopper (sm_90): TMA tensor descriptors and persistent scheduling.
+
+Same math, same symmetric tile scheme and same fused epilogues as ``classic.py`` (read its
+docstring first); what changes is how operands reach shared memory and how tiles are scheduled:
+
+- Operands are loaded through host-built TMA descriptors
+  (``triton.tools.tensor_descriptor.TensorDescriptor``, triton >= 3.4; this code is written for
+  the 3.6.0 on the GPU machine and runs in 3.9.0's interpreter). Descriptors are 3-D
+  (batch, rows, cols) so the hardware zero-fills and clips at each matrix's own edge: a tile
+  never reads or writes the neighbouring matrix of a batch.
+- Persistent: the grid is one program per SM; each walks tiles ``pid, pid + NUM_SMS, ...`` in
+  ``tl.range(..., flatten=True)``, which lets the software pipeliner issue the next tile's TMA
+  loads while the current tile's epilogue runs.
+- Warp specialisation: Triton 3.6 offers ``tl.range(..., warp_specialize=True)`` for
+  Blackwell only (its persistent-matmul tutorial gates it on capability >= 10), so on sm_90 it
+  is off. The WARP_SPECIALIZE constexpr is kept so a Triton that supports it on Hopper can be
+  tried by ``python -m kernelbench.muon.tune``.
+- The Gram kernels store the direct tile by TMA; the mirrored (transposed) tile is a masked
+  pointer store, since TMA stores cannot mask the diagonal block.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .classic import GemmConfig, _tile_table, interpreting
+
+
+def descriptor_class():
+    """Triton's host-side TMA descriptor, or None when this Triton has none (< 3.4)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def unavailable_reason(device: torch.device, *shapes: tuple[int, ...]) -> str | None:
+    """Why the Hopper path cannot run on ``device`` for matrices of ``shapes``, or None."""
+    if descriptor_class() is None:
+        return f"triton {triton.__version__} has no tensor descriptors (needs >= 3.4)"
+    if device.type != "cuda":
+        if interpreting():
+            return None
+        return "the Hopper path needs a CUDA tensor (or TRITON_INTERPRET=1)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap[0] != 9:
+        return f"the Hopper path needs sm_90 (TMA + wgmma), this GPU is sm_{cap[0]}{cap[1]}"
+    for shape in shapes:
+        if shape[-1] % 8:
+            return f"TMA needs rows of a multiple of 16 bytes (8 bf16 values); got {shape[-1]} columns"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few programs, so the persistent loop runs several tiles each
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@triton.jit
+def _hopper_sym_gram_kernel(
+    x_rows_desc,  # TMA over X (batch, M, K), block (1, BLOCK_M, BLOCK_K): the left operand
+    x_cols_desc,  # TMA over X (batch, M, K), block (1, BLOCK_N, BLOCK_K): the right operand X^T
+    own_desc,  # TMA over X (batch, M, M), block (1, BLOCK_M, BLOCK_N): epilogue operand (FUSE_POLY)
+    out_desc,  # TMA over out (batch, M, M), block (1, BLOCK_M, BLOCK_N): the direct tile store
+    out_ptr,  # out again, for the masked pointer store of the mirrored tile
+    tiles_ptr,  # int32 (num_tiles, 2): element offsets (row, col) of the upper tiles, in L2 order
+    num_tiles, batch, M, K,
+    stride_ob, stride_om,  # out is contiguous: its column stride is 1
+    alpha, beta,  # FUSE_POLY: out = alpha * X + beta * X X^T
+    FUSE_POLY: tl.constexpr,
+    UPCAST: tl.constexpr,  # interpreter: tl.dot in fp32 (bf16 dot is wrong there)
+    WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for work in tl.range(tl.program_id(0), num_tiles * batch, NUM_SMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
+        b = work // num_tiles
+        tile = work - b * num_tiles
+        off_m = tl.load(tiles_ptr + 2 * tile)
+        off_n = tl.load(tiles_ptr + 2 * tile + 1)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            a = x_rows_desc.load([b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            c = x_cols_desc.load([b, off_n, off_k]).reshape(BLOCK_N, BLOCK_K)
+            if UPCAST:
+                a = a.to(tl.float32)
+                c = c.to(tl.float32)
+            acc = tl.dot(a, c.T, acc)
+        if FUSE_POLY:
+            own = own_desc.load([b, off_m, off_n]).reshape(BLOCK_M, BLOCK_N)
+            acc = alpha * own.to(tl.float32) + beta * acc
+        out = acc.to(out_ptr.dtype.element_ty)
+        out_desc.store([b, off_m, off_n], out.reshape(1, BLOCK_M, BLOCK_N))
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        mirror = (rows[:, None] < M) & (cols[None, :] < M) & (cols[None, :] >= off_m + BLOCK_M)
+        o_base = out_ptr + b.to(tl.int64) * stride_ob
+        tl.store(o_base + cols[None, :] * stride_om + rows[:, None], out, mask=mirror)
+
+
+@triton.jit
+def _hopper_update_kernel(
+    b_desc,  # TMA over B (batch, M, M), block (1, BLOCK_M, BLOCK_K)
+    x_desc,  # TMA over X (batch, M, N), block (1, BLOCK_K, BLOCK_N): the right operand
+    own_desc,  # TMA over X (batch, M, N), block (1, BLOCK_M, BLOCK_N): the epilogue operand
+    out_ptr,  # (batch, M, N) X_new = coef * X + B X, any float dtype and strides (pointer store)
+    batch, M, N,
+    stride_ob, stride_om, stride_on,
+    coef,
+    UPCAST: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # rows of tiles walked together (L2 reuse of B rows and X columns)
+    NUM_SMS: tl.constexpr,
+):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n
+    per_group = GROUP_M * tiles_n
+    k_tiles = tl.cdiv(M, BLOCK_K)
+    for work in tl.range(tl.program_id(0), num_tiles * batch, NUM_SMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
+        b = work // num_tiles
+        tile = work - b * num_tiles
+        first_m = (tile // per_group) * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        off_m = (first_m + (tile % per_group) % group_rows) * BLOCK_M
+        off_n = ((tile % per_group) // group_rows) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            bm = b_desc.load([b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            xk = x_desc.load([b, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+            if UPCAST:
+                bm = bm.to(tl.float32)
+                xk = xk.to(tl.float32)
+            acc = tl.dot(bm, xk, acc)
+        own = own_desc.load([b, off_m, off_n]).reshape(BLOCK_M, BLOCK_N)
+        acc += coef * own.to(tl.float32)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        in_range = (rows[:, None] < M) & (cols[None, :] < N)
+        o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
+
+
+def _desc(t: torch.Tensor, rows: int, cols: int):
+    return descriptor_class().from_tensor(t, [1, rows, cols])
+
+
+def _grid(work: int, device: torch.device) -> tuple[int, int]:
+    sms = _num_sms(device)
+    return sms, min(sms, work)
+
+
+def sym_gram(x: torch.Tensor, out: torch.Tensor, cfg: GemmConfig, alpha: float = 0.0, beta: float = 1.0,
+             fuse_poly: bool = False, warp_specialize: bool = False) -> torch.Tensor:
+    """out = X X^T, or alpha * X + beta * X X^T with fuse_poly. x: (batch, M, K) contiguous."""
+    batch, m, k = x.shape
+    tiles = _tile_table(m, cfg.block_m, cfg.block_n, cfg.group_m, x.device)
+    num_tiles = tiles.shape[0]
+    sms, programs = _grid(num_tiles * batch, x.device)
+    own = _desc(x, cfg.block_m, cfg.block_n) if fuse_poly else _desc(out, cfg.block_m, cfg.block_n)
+    _hopper_sym_gram_kernel[(programs,)](
+        _desc(x, cfg.block_m, cfg.block_k), _desc(x, cfg.block_n, cfg.block_k), own,
+        _desc(out, cfg.block_m, cfg.block_n), out, tiles,
+        num_tiles, batch, m, k, out.stride(0), out.stride(1), alpha, beta,
+        FUSE_POLY=fuse_poly, UPCAST=interpreting(), WARP_SPECIALIZE=warp_specialize,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_SMS=sms,
+        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def update(b: torch.Tensor, x: torch.Tensor, out: torch.Tensor, coef: float, cfg: GemmConfig,
+           warp_specialize: bool = False) -> torch.Tensor:
+    """out = coef * X + B X. b: (batch, M, M) and x: (batch, M, N) contiguous; out any strides."""
+    batch, m, n = x.shape
+    num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    sms, programs = _grid(num_tiles * batch, x.device)
+    _hopper_update_kernel[(programs,)](
+        _desc(b, cfg.block_m, cfg.block_k), _desc(x, cfg.block_k, cfg.block_n), _desc(x, cfg.block_m, cfg.block_n),
+        out, batch, m, n, out.stride(0), out.stride(1), out.stride(2), coef,
+        UPCAST=interpreting(), WARP_SPECIALIZE=warp_specialize,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms,
+        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+    )
+    return out

@@ -1,0 +1,194 @@
+"""Muon's Newton-Schulz orthogonalisation with symmetric, epilogue-fused Triton GEMMs.
+
+    X = G / (||G||_F + 1e-7)          (transposed first when rows > cols, so X is m x n, m <= n)
+    repeat `steps` times:
+        A = X X^T;  B = b A + c A A;  X = a X + B X      (a, b, c) = (3.4445, -4.7750, 2.0315)
+
+in bf16 with fp32 accumulation, on a matrix (m, n) or a batch (batch, m, n); the result has the
+input's dtype and orientation. Paths:
+
+- ``classic``: pointer-load Triton GEMMs (``classic.py``), any CUDA GPU, and the interpreter.
+- ``hopper``: TMA descriptors + persistent tiles (``hopper.py``), sm_90 only.
+- ``torch``: the same iteration with torch's bf16 matmul (cuBLAS).
+- ``auto``: :func:`choose_path` picks one by device and shape; ``newton_schulz.last_path``
+  names the path the last call ran.
+
+Per iteration: three launches (Gram, fused polynomial, fused update); per call two more (the
+norm, the normalise-and-transpose into bf16). The Frobenius norm stays on the device. The only
+host sync is the optional finiteness check, made after every kernel is queued.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import classic
+from .classic import GemmConfig, interpreting
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+PATHS = ("auto", "classic", "hopper", "torch")
+INPUT_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def newton_schulz_ref(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> torch.Tensor:
+    """Pure PyTorch, in G's own dtype (kernelbench.ops.muon_ns.newton_schulz_ref is the same)."""
+    a, b, c = NS_COEFFICIENTS
+    X = G.mT if G.size(-2) > G.size(-1) else G
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    return X.mT if G.size(-2) > G.size(-1) else X
+
+
+# -- tile configs -----------------------------------------------------------------------------
+# Candidates, largest first. 128x256x64 with 8 warps (two warpgroups of 64x256 wgmma) and 3
+# stages (3 * (128 + 256) * 64 * 2 B = 144 KiB of shared memory) is the tile that reaches cuBLAS
+# rates on Hopper when there are enough tiles to fill the SMs; smaller tiles trade per-tile
+# efficiency for more tiles, which wins when the big tile leaves SMs idle (n <= 4096).
+# THROUGHPUT is the assumed per-SM rate of each tile relative to the largest: an estimate, to be
+# confirmed by `python -m kernelbench.muon.tune` on the GPU.
+TILE_CONFIGS = (
+    GemmConfig(128, 256, 64, num_stages=3, num_warps=8),
+    GemmConfig(128, 128, 64, num_stages=4, num_warps=8),
+    GemmConfig(64, 128, 64, num_stages=4, num_warps=4),
+    GemmConfig(64, 64, 64, num_stages=4, num_warps=4),
+)
+THROUGHPUT = {(128, 256): 1.0, (128, 128): 0.85, (64, 128): 0.65, (64, 64): 0.45}
+# The interpreter: small tiles, so that test matrices of a few dozen rows span several tiles.
+INTERPRETER_CONFIG = GemmConfig(16, 32, 16, num_stages=1, num_warps=4, group_m=2)
+
+
+def sym_tile_count(m: int, cfg: GemmConfig) -> int:
+    """Tiles the Gram kernels launch for an m x m symmetric result (upper triangle only)."""
+    return sum(math.ceil((m - i * cfg.block_m) / cfg.block_n) for i in range(math.ceil(m / cfg.block_m)))
+
+
+def _cost(tiles: int, cfg: GemmConfig, sms: int) -> float:
+    # Waves of tiles (a partial wave costs a whole one) times the time of one tile.
+    return math.ceil(tiles / sms) * cfg.block_m * cfg.block_n / THROUGHPUT[(cfg.block_m, cfg.block_n)]
+
+
+def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[GemmConfig, GemmConfig]:
+    """(Gram config, update config) for X of shape (batch, m, n), by the wave model above."""
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG, INTERPRETER_CONFIG
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    gram = min(TILE_CONFIGS, key=lambda c: _cost(batch * sym_tile_count(m, c), c, sms))
+    upd = min(TILE_CONFIGS, key=lambda c: _cost(batch * math.ceil(m / c.block_m) * math.ceil(n / c.block_n), c, sms))
+    return gram, upd
+
+
+# -- routing ------------------------------------------------------------------------------------
+# (device-name fragment, m, n) -> path, from GPU measurements (`python -m kernelbench.muon.tune`
+# prints these rows). Shapes not listed use the default rule in choose_path.
+MEASURED_ROUTES: dict[tuple[str, int, int], str] = {}
+
+
+def choose_path(shape: tuple[int, ...], device: torch.device | str) -> str:
+    """The path ``path="auto"`` runs for a tensor of ``shape`` on ``device``."""
+    device = torch.device(device)
+    rows, cols = shape[-2], shape[-1]
+    m, n = min(rows, cols), max(rows, cols)
+    if device.type != "cuda":
+        return "classic" if interpreting() else "torch"
+    name = torch.cuda.get_device_name(device)
+    for (fragment, mm, nn), path in MEASURED_ROUTES.items():
+        if fragment in name and (mm, nn) == (m, n):
+            return path
+    from . import hopper
+
+    if hopper.unavailable_reason(device, (m, n), (m, m)) is None:
+        return "hopper"
+    return "classic"
+
+
+# -- the entry point ----------------------------------------------------------------------------
+def _validate(G: torch.Tensor, steps: int, path: str) -> None:
+    if not isinstance(G, torch.Tensor):
+        raise TypeError(f"newton_schulz needs a torch.Tensor, got {type(G).__name__}")
+    if G.dim() not in (2, 3):
+        raise ValueError(
+            f"newton_schulz needs a 2-D matrix or a 3-D batch of matrices; got a {G.dim()}-D tensor "
+            f"of shape {tuple(G.shape)}"
+        )
+    if G.numel() == 0:
+        raise ValueError(f"newton_schulz got an empty tensor of shape {tuple(G.shape)}")
+    if G.dtype not in INPUT_DTYPES:
+        raise ValueError(f"newton_schulz accepts float32 or bfloat16 input; got {G.dtype}")
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int; got {steps!r}")
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; accepted: {', '.join(PATHS)}")
+    if path in ("classic", "hopper") and G.device.type != "cuda" and not interpreting():
+        raise ValueError(f"path {path!r} runs Triton kernels: it needs a CUDA tensor (or TRITON_INTERPRET=1)")
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, path: str = "auto", check_finite: bool = True,
+                  eps: float = NS_EPS) -> torch.Tensor:
+    """Orthogonalise G (m x n or batch x m x n; fp32 or bf16) by `steps` quintic iterations.
+
+    check_finite: raise ValueError when G holds inf or NaN. It costs one host sync, taken after
+    all the work is queued; pass False where no sync is allowed (Muon.step does): a non-finite
+    G then gives a NaN result, as torch's iteration would.
+    """
+    _validate(G, steps, path)
+    if path == "auto":
+        path = choose_path(tuple(G.shape), G.device)
+    newton_schulz.last_path = path
+    if path == "torch":
+        out = newton_schulz_ref(G.to(torch.bfloat16), steps, eps).to(G.dtype)
+        norm = None
+    else:
+        out, norm = _newton_schulz_triton(G, steps, path, eps)
+    if check_finite:
+        if norm is None:
+            norm = G.float().norm()
+        if not bool(torch.isfinite(norm).all()):
+            raise ValueError("newton_schulz input holds inf or NaN (its Frobenius norm is not finite)")
+    return out
+
+
+newton_schulz.last_path = None
+
+
+def _newton_schulz_triton(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if path == "hopper":
+        from . import hopper as kernels
+    else:
+        kernels = classic
+    squeeze = G.dim() == 2
+    G3 = G.unsqueeze(0) if squeeze else G
+    transposed = G3.size(-2) > G3.size(-1)
+    Gv = G3.mT if transposed else G3  # (batch, m, n), m <= n: a view, no copy
+    batch, m, n = Gv.shape
+    if path == "hopper":
+        reason = kernels.unavailable_reason(G.device, (m, n), (m, m))
+        if reason is not None:
+            raise ValueError(f"path 'hopper' is unavailable: {reason}")
+    gram_cfg, upd_cfg = pick_configs(m, n, batch, G.device)
+
+    norm = torch.linalg.vector_norm(Gv, dim=(-2, -1), dtype=torch.float32)
+    x = torch.empty((batch, m, n), device=G.device, dtype=torch.bfloat16)
+    classic.normalize(Gv, norm, x, eps)
+    out = torch.empty_like(G3)  # the caller's dtype and orientation
+    out_view = out.mT if transposed else out
+    if steps == 0:
+        out_view.copy_(x)
+        return (out.squeeze(0) if squeeze else out), norm
+
+    a, b, c = NS_COEFFICIENTS
+    gram = torch.empty((batch, m, m), device=G.device, dtype=torch.bfloat16)
+    poly = torch.empty_like(gram)
+    x_next = torch.empty_like(x)
+    for step in range(steps):
+        kernels.sym_gram(x, gram, gram_cfg)
+        kernels.sym_gram(gram, poly, gram_cfg, alpha=b, beta=c, fuse_poly=True)
+        last = step == steps - 1
+        kernels.update(poly, x, out_view if last else x_next, a, upd_cfg)
+        x, x_next = x_next, x
+    return (out.squeeze(0) if squeeze else out), norm
