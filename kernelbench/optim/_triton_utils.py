@@ -1,0 +1,121 @@
+"""Helpers shared by kernelbench's Triton optimizers (TritonAdamW, AdamMini).
+
+Nothing here defines a Triton kernel, so it can be imported before ``TRITON_INTERPRET`` is decided.
+
+* Input checks that name the offending parameter.
+* Launch tables: one int64 tensor per (group, dtype) holding every tensor's address and layout,
+  uploaded once and reused while the set of tensors stays the same, so that a whole group is
+  updated by one launch (a launch per tensor is what made FlashOptim slower than torch foreach).
+* fp64 scalars passed to kernels as their int64 bit pattern: Triton hands a Python float to a
+  compiled kernel as fp32 unless annotated, and its interpreter always rounds it to fp32; the bit
+  pattern reaches both paths exactly and is bitcast back inside the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from typing import Iterable, Sequence
+
+import torch
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def f64_bits(x: float) -> int:
+    """The IEEE-754 bit pattern of ``x`` as a signed int64 (the kernel bitcasts it back)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def log_or_neg_inf(x: float) -> float:
+    """log(x), with log(0) = -inf so that exp(step * log(beta)) gives beta**step = 0 for beta = 0."""
+    return math.log(x) if x > 0.0 else -math.inf
+
+
+def param_label(name: str | None, index: int, param: torch.Tensor) -> str:
+    shape = "x".join(map(str, param.shape)) or "scalar"
+    return f"parameter '{name}' ({shape})" if name else f"parameter {index} ({shape})"
+
+
+def check_device_supported(device: torch.device, who: str) -> None:
+    if device.type == "cuda" or interpreting():
+        return
+    raise RuntimeError(
+        f"{who}: parameters on {device} need a CUDA GPU, or TRITON_INTERPRET=1 to run the Triton "
+        "kernels in the (slow) interpreter on the CPU."
+    )
+
+
+def check_param_and_grad(
+    label: str, param: torch.Tensor, grad: torch.Tensor, device: torch.device, dtypes: Sequence[torch.dtype], who: str
+) -> None:
+    """Clear errors for what the kernels cannot take. Dense non-contiguous layouts are accepted
+    when grad and param share strides, since an elementwise update only needs the same element
+    order in every tensor; anything else (overlapping or gapped views) is rejected."""
+    if grad.is_sparse or grad.layout is not torch.strided:
+        raise RuntimeError(f"{who}: {label} has a sparse gradient ({grad.layout}); only dense (strided) "
+                           "gradients are supported (torch.optim.SparseAdam handles sparse ones).")
+    if param.is_complex():
+        raise RuntimeError(f"{who}: {label} is complex ({param.dtype}); supported dtypes: "
+                           f"{', '.join(str(d) for d in dtypes)}. View it with torch.view_as_real first.")
+    if param.dtype not in dtypes:
+        raise RuntimeError(f"{who}: {label} has dtype {param.dtype}; supported: {', '.join(str(d) for d in dtypes)}.")
+    if param.device != device:
+        raise RuntimeError(f"{who}: {label} is on {param.device} but the first parameter of its group is on "
+                           f"{device}; every parameter of a group must be on one device.")
+    if grad.device != param.device:
+        raise RuntimeError(f"{who}: {label} is on {param.device} but its gradient is on {grad.device}.")
+    if grad.shape != param.shape:
+        raise RuntimeError(f"{who}: {label} has a gradient of shape {tuple(grad.shape)}, expected "
+                           f"{tuple(param.shape)} (the parameter's shape).")
+    if grad.dtype != param.dtype:
+        raise RuntimeError(f"{who}: {label} is {param.dtype} but its gradient is {grad.dtype}; they must match.")
+    if not _is_dense(param):
+        raise RuntimeError(f"{who}: {label} is a view with gaps or overlaps (strides {param.stride()}); "
+                           "only dense parameters (contiguous, or a permutation of a contiguous tensor) work.")
+    if param.numel() > 1 and grad.stride() != param.stride():
+        raise RuntimeError(f"{who}: {label} has strides {param.stride()} but its gradient has {grad.stride()}; "
+                           "they must match (call .contiguous() on both, or keep autograd's gradient layout).")
+
+
+def check_same_layout(label: str, param: torch.Tensor, state: torch.Tensor, key: str, who: str) -> None:
+    if state.shape != param.shape or (param.numel() > 1 and state.stride() != param.stride()):
+        raise RuntimeError(f"{who}: state '{key}' of {label} has shape {tuple(state.shape)} / strides "
+                           f"{state.stride()}, expected those of the parameter {tuple(param.shape)} / {param.stride()}.")
+    if state.device != param.device:
+        raise RuntimeError(f"{who}: state '{key}' of {label} is on {state.device}, the parameter on {param.device}.")
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """True when the elements fill exactly numel consecutive slots (any stride order)."""
+    if t.is_contiguous():
+        return True
+    sizes_strides = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1)
+    expected = 1
+    for stride, size in sizes_strides:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def upload_int64(values: Iterable[int], device: torch.device) -> torch.Tensor:
+    """A host list as an int64 tensor on ``device``. On CUDA the copy goes through pinned memory
+    with non_blocking=True, so a table rebuild does not wait for the GPU; the caching host
+    allocator keeps the pinned buffer alive until the copy has run."""
+    host = torch.tensor(list(values), dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def refuse_rebuild_while_capturing(who: str) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{who}: the set of parameters / gradients changed during CUDA-graph capture, so the launch "
+            "tables would need rebuilding inside the graph. Run one step() before capturing, and keep the "
+            "same gradient tensors (zero_grad(set_to_none=False)) inside the graph."
+        )

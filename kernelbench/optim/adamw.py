@@ -1,0 +1,449 @@
+"""AdamW in one Triton launch per parameter group, bitwise-equal to ``torch.optim.AdamW(foreach=False)``.
+
+Math (decoupled weight decay, Loshchilov & Hutter), per element, step t = state step + 1:
+
+    g      = -grad if maximize else grad
+    p      = p * (1 - lr * wd)
+    m      = lerp(m, g, 1 - beta1)
+    v      = v * beta2 + (1 - beta2) * g * g
+    vhat   = max(vmax, v) (amsgrad, stored back in vmax) else v
+    denom  = sqrt(vhat) / sqrt(1 - beta2**t) + eps
+    p      = p - lr / (1 - beta1**t) * m / denom
+
+Exactness. The kernel repeats torch's single-tensor CUDA path rounding by rounding:
+``param.mul_(1-lr*wd)`` (scalar rounded to fp32), ``exp_avg.lerp_`` (weight < 0.5 ?
+fma(w, g-m, m) : fma(-(g-m), 1-w, g), as nvcc contracts ATen's lerp), ``exp_avg_sq.mul_(beta2)``
+then ``addcmul_`` (fma(1-beta2, g*g, v)), ``sqrt`` (IEEE), ``/ bias_correction2_sqrt`` (ATen turns
+division by a CPU scalar into multiplication by its reciprocal; which precision it takes the
+reciprocal in changed across torch versions, so it is probed once per device),
+``.add_(eps)`` and ``addcdiv_`` (fma(-step_size, m / denom, p), IEEE division). The kernel is
+compiled with ``enable_fp_fusion=False`` so that no other multiply-add is contracted, and uses
+``tl.fma`` exactly where torch's kernels do.
+
+torch computes ``beta**step`` on the host in fp64 (``pow``); here it is exp(step * log(beta)) in
+fp64 on the device (log(beta) from the host). The two fp64 values differ by a few fp64 ulps at
+most (relative error below 2^-42 after ``1 - beta**t`` even for beta2 = 0.999 at t = 1), and both
+are rounded to fp32 before use, so the fp32 scalars agree unless an fp64 value lies within
+~2^-42 of an fp32 rounding boundary (a chance of about 2^-17 per step); then ``step_size`` or
+``1/bias_correction2_sqrt`` differs by one fp32 ulp for that step. That is the only place where
+exact equality is not guaranteed.
+
+Layout of a launch. For each (group, dtype) a table of int64 lives on the device: per tensor the
+addresses of param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq and step, its numel and first
+program, then per program its tensor. One grid covers every block of every tensor. The table is
+rebuilt only when the set of tensors changes (new grads at new addresses, load_state_dict).
+
+Step counter. Each tensor's ``step`` is a 0-d fp32 tensor on the device (as torch's fused and
+capturable AdamW keep it). Every program reads it and uses step + 1; the last program of a tensor
+to finish (found with an atomic ticket) writes step + 1 back. No host synchronisation, so step()
+can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_utils import (
+    check_device_supported,
+    check_param_and_grad,
+    check_same_layout,
+    f64_bits,
+    log_or_neg_inf,
+    param_label,
+    refuse_rebuild_while_capturing,
+    upload_int64,
+)
+
+# 4096 fp32 elements per program with 8 warps: 16 elements per thread, i.e. four 16-byte loads
+# per stream per thread, 64 KiB in flight per program over the four input streams, and few enough
+# registers (~100) for two or three programs per SM so one program's tail overlaps the next.
+# bf16 uses the same element count (8-element, 16-byte vectors: two per stream per thread).
+BLOCK = 4096
+NUM_WARPS = 8
+
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+_WHO = "TritonAdamW"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _adamw_scalars(step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr):
+    """From the stored step (fp32 on the device): the new step, -lr/(1-beta1^t) and
+    1/sqrt(1-beta2^t) as fp32, computed in fp64 as torch does on the host."""
+    new_step = tl.load(step_ptr) + 1.0
+    t = new_step.to(tl.float64)
+    lr = lr_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    log_beta1 = log_beta1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    log_beta2 = log_beta2_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    bias_correction1 = 1.0 - tl.exp(t * log_beta1)
+    bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
+    neg_step_size = (-(lr / bias_correction1)).to(tl.float32)
+    if INV_BC2_FP64:
+        inv_bc2_sqrt = (1.0 / bias_correction2_sqrt).to(tl.float32)
+    else:
+        inv_bc2_sqrt = tl.div_rn(1.0, bias_correction2_sqrt.to(tl.float32))
+    return new_step, neg_step_size, inv_bc2_sqrt
+
+
+@triton.jit
+def _adamw_block(
+    p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr,  # element pointers (param dtype) of this block
+    mask,  # None for a full block
+    decay, lerp_weight, beta2, sq_weight, eps,  # fp32 scalars rounded on the host like torch's
+    neg_step_size, inv_bc2_sqrt,  # fp32 scalars of this tensor's step
+    AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
+):
+    p = tl.load(p_ptr, mask=mask).to(tl.float32)
+    g = tl.load(g_ptr, mask=mask).to(tl.float32)
+    m = tl.load(m_ptr, mask=mask).to(tl.float32)
+    v = tl.load(v_ptr, mask=mask).to(tl.float32)
+    if MAXIMIZE:
+        g = -g
+    p = p * decay
+    diff = g - m
+    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+    v = v * beta2
+    # ATen's addcmul uses fma(g, g, v) when its value is exactly 1, fma(value, g*g, v) otherwise.
+    v = tl.where(sq_weight == 1.0, tl.fma(g, g, v), tl.fma(sq_weight, g * g, v))
+    if AMSGRAD:
+        vmax = tl.maximum(tl.load(vmax_ptr, mask=mask).to(tl.float32), v, propagate_nan=tl.PropagateNan.ALL)
+        tl.store(vmax_ptr, vmax.to(vmax_ptr.dtype.element_ty), mask=mask)
+        denom = tl.sqrt_rn(vmax) * inv_bc2_sqrt + eps
+    else:
+        denom = tl.sqrt_rn(v) * inv_bc2_sqrt + eps
+    p = tl.fma(neg_step_size, tl.div_rn(m, denom), p)
+    tl.store(p_ptr, p.to(p_ptr.dtype.element_ty), mask=mask)
+    tl.store(m_ptr, m.to(m_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_ptr, v.to(v_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _finish_step(step_ptr, done_ptr, new_step, n_programs):
+    """The last program of a tensor writes its new step and resets the ticket counter. The barrier
+    makes every warp of this program pass its read of the old step before the ticket is taken."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(done_ptr, 1, sem="acq_rel")
+    if ticket == n_programs - 1:
+        tl.store(step_ptr, new_step)
+        tl.store(done_ptr, 0)
+
+
+@triton.jit
+def _adamw_group_kernel(
+    table_ptr,  # int64: [7 * n_tensors addresses/numels | n_tensors first programs | n_programs tensor ids]
+    done_ptr,  # int32 [n_tensors]: programs finished this step, per tensor (reset to 0 by the last)
+    n_tensors,
+    lr_bits, log_beta1_bits, log_beta2_bits,  # int64: fp64 bit patterns
+    decay, lerp_weight, beta2, sq_weight, eps,  # fp32
+    DTYPE: tl.constexpr,  # element type of params and state
+    AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
+    ALIGNED: tl.constexpr,  # every address is 16-byte aligned: lets Triton emit 16-byte vector accesses
+    INV_BC2_FP64: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tensor = tl.load(table_ptr + 8 * n_tensors + pid)
+    numel = tl.load(table_ptr + 6 * n_tensors + tensor)
+    first_program = tl.load(table_ptr + 7 * n_tensors + tensor)
+    addrs = table_ptr + tensor
+    p_addr = tl.load(addrs)
+    g_addr = tl.load(addrs + n_tensors)
+    m_addr = tl.load(addrs + 2 * n_tensors)
+    v_addr = tl.load(addrs + 3 * n_tensors)
+    vmax_addr = tl.load(addrs + 4 * n_tensors)
+    step_addr = tl.load(addrs + 5 * n_tensors)
+    if ALIGNED:
+        p_addr = tl.multiple_of(p_addr, 16)
+        g_addr = tl.multiple_of(g_addr, 16)
+        m_addr = tl.multiple_of(m_addr, 16)
+        v_addr = tl.multiple_of(v_addr, 16)
+        vmax_addr = tl.multiple_of(vmax_addr, 16)
+    ptr_ty = tl.pointer_type(DTYPE)
+    step_ptr = step_addr.to(tl.pointer_type(tl.float32))
+
+    new_step, neg_step_size, inv_bc2_sqrt = _adamw_scalars(
+        step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+
+    start = (pid - first_program) * BLOCK_SIZE
+    offs = start + tl.arange(0, BLOCK_SIZE)
+    p_ptr = p_addr.to(ptr_ty) + offs
+    g_ptr = g_addr.to(ptr_ty) + offs
+    m_ptr = m_addr.to(ptr_ty) + offs
+    v_ptr = v_addr.to(ptr_ty) + offs
+    vmax_ptr = vmax_addr.to(ptr_ty) + offs
+    if start + BLOCK_SIZE <= numel:
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, None, decay, lerp_weight, beta2, sq_weight,
+                     eps, neg_step_size, inv_bc2_sqrt, AMSGRAD, MAXIMIZE)
+    else:
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, offs < numel, decay, lerp_weight, beta2,
+                     sq_weight, eps, neg_step_size, inv_bc2_sqrt, AMSGRAD, MAXIMIZE)
+
+    n_programs = tl.cdiv(numel, BLOCK_SIZE)
+    _finish_step(step_ptr, done_ptr + tensor, new_step, n_programs)
+
+
+@triton.jit
+def _adamw_flat_kernel(
+    p_ptr, g_ptr, m_ptr, v_ptr,  # fp32, contiguous, numel elements each
+    step_ptr,  # fp32 0-d: read, and step + 1 written by the last program
+    done_ptr,  # int32 [1]: ticket counter, 0 between launches
+    numel,
+    lr_bits, log_beta1_bits, log_beta2_bits,
+    decay, lerp_weight, beta2, sq_weight, eps,
+    MAXIMIZE: tl.constexpr, INV_BC2_FP64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    new_step, neg_step_size, inv_bc2_sqrt = _adamw_scalars(
+        step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    offs = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    _adamw_block(p_ptr + offs, g_ptr + offs, m_ptr + offs, v_ptr + offs, v_ptr + offs, offs < numel,
+                 decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, False, MAXIMIZE)
+    _finish_step(step_ptr, done_ptr, new_step, tl.num_programs(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+_RECIPROCAL_IN_FP64: dict[str, bool] = {}
+
+
+def reciprocal_in_fp64(device: torch.device) -> bool:
+    """Whether torch, dividing an fp32 tensor by a Python float on ``device``, multiplies by the
+    reciprocal taken in fp64 (newer ATen) rather than in fp32 (older ATen). Probed once per device
+    type with a divisor for which the two differ; this is a host sync, done at construction only."""
+    key = device.type
+    if key not in _RECIPROCAL_IN_FP64:
+        divisor = _divisor_where_reciprocals_differ()
+        via_fp64 = np.float32(1.0 / divisor)
+        got = (torch.ones(1, dtype=torch.float32, device=device) / divisor).cpu().numpy()[0]
+        _RECIPROCAL_IN_FP64[key] = bool(got == via_fp64)
+    return _RECIPROCAL_IN_FP64[key]
+
+
+def _divisor_where_reciprocals_differ() -> float:
+    for step in range(1, 10_000):
+        x = math.sqrt(1.0 - 0.999**step)
+        if np.float32(1.0 / x) != np.float32(1.0) / np.float32(x):
+            return x
+    raise AssertionError("no divisor found")  # unreachable: about one divisor in six differs
+
+
+def _host_scalars(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> tuple:
+    """Kernel arguments in torch's precision: fp64 ones as bit patterns, fp32 ones as Python
+    floats (Triton and its interpreter round them to fp32, as ATen casts scalars to opmath)."""
+    return (
+        f64_bits(lr), f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)),
+        1.0 - lr * weight_decay, 1.0 - beta1, beta2, 1.0 - beta2, eps,
+    )
+
+
+def _check_lr(lr: Any) -> float:
+    if isinstance(lr, torch.Tensor):
+        raise TypeError(f"{_WHO}: lr must be a Python float, got a Tensor; pass float(lr) (a tensor lr would "
+                        "need a host sync per step to read).")
+    return float(lr)
+
+
+_FLAT_TICKETS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def adamw_step_flat(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    maximize: bool = False,
+) -> None:
+    """One AdamW step on contiguous 1-D fp32 tensors, in place, in one launch.
+
+    ``step`` is a 0-d fp32 tensor on the same device; the kernel increments it (the update uses
+    the incremented value, as torch's AdamW does). Same math and rounding as TritonAdamW, so a
+    sharded optimizer built on this matches torch.optim.AdamW(foreach=False) on the full tensor.
+    No host synchronisation: capturable in a CUDA graph once called once outside it.
+    """
+    tensors = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    for name, t in tensors.items():
+        if t.dtype != torch.float32 or t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(f"adamw_step_flat: {name} must be a contiguous 1-D fp32 tensor, got "
+                             f"{t.dtype} of shape {tuple(t.shape)} (contiguous={t.is_contiguous()}).")
+        if t.device != param.device or t.numel() != param.numel():
+            raise ValueError(f"adamw_step_flat: {name} has {t.numel()} elements on {t.device}; expected "
+                             f"{param.numel()} on {param.device} like param.")
+    if step.dim() != 0 or step.dtype != torch.float32 or step.device != param.device:
+        raise ValueError(f"adamw_step_flat: step must be a 0-d fp32 tensor on {param.device}, got "
+                         f"{step.dtype} of shape {tuple(step.shape)} on {step.device}.")
+    check_device_supported(param.device, "adamw_step_flat")
+    if param.numel() == 0:
+        return
+    key = (param.device, step.data_ptr())
+    done = _FLAT_TICKETS.get(key)
+    if done is None:
+        refuse_rebuild_while_capturing("adamw_step_flat")
+        done = _FLAT_TICKETS[key] = torch.zeros(1, dtype=torch.int32, device=param.device)
+    grid = (triton.cdiv(param.numel(), BLOCK),)
+    _adamw_flat_kernel[grid](
+        param, grad, exp_avg, exp_avg_sq, step, done, param.numel(),
+        *_host_scalars(_check_lr(lr), beta1, beta2, eps, weight_decay),
+        MAXIMIZE=bool(maximize), INV_BC2_FP64=reciprocal_in_fp64(param.device), BLOCK_SIZE=BLOCK,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )
+
+
+class _LaunchPlan:
+    """The device table and ticket counters of one (group, dtype) launch."""
+
+    def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
+                 states: list[dict], amsgrad: bool) -> None:
+        device = params[0].device
+        n = len(params)
+        columns: list[list[int]] = [[] for _ in range(6)]
+        numels, first_programs, program_tensor = [], [], []
+        for i, (p, g, s) in enumerate(zip(params, grads, states)):
+            vmax = s["max_exp_avg_sq"] if amsgrad else s["exp_avg_sq"]
+            for column, t in zip(columns, (p, g, s["exp_avg"], s["exp_avg_sq"], vmax, s["step"])):
+                column.append(t.data_ptr())
+            n_programs = triton.cdiv(p.numel(), BLOCK)
+            numels.append(p.numel())
+            first_programs.append(len(program_tensor))
+            program_tensor.extend([i] * n_programs)
+        self.key = key
+        self.n_tensors = n
+        self.n_programs = len(program_tensor)
+        self.aligned = all(a % 16 == 0 for column in columns[:5] for a in column)
+        flat = [a for column in columns for a in column] + numels + first_programs + program_tensor
+        self.table = upload_int64(flat, device)
+        self.done = torch.zeros(n, dtype=torch.int32, device=device)
+
+
+class TritonAdamW(torch.optim.Optimizer):
+    """AdamW with torch.optim.AdamW's constructor, state keys and checkpoint format.
+
+    One Triton launch updates every parameter of a group (one per dtype when a group mixes fp32
+    and bf16). fp32 results equal ``torch.optim.AdamW(foreach=False)`` bit for bit on CUDA (see
+    the module docstring for the one rare exception); bf16 parameters keep bf16 state, with the
+    update computed in fp32 as torch's fused AdamW does.
+
+    Differences from torch: ``lr`` must be a Python float (read each step, so LR schedulers
+    work; it is a kernel argument, so a captured CUDA graph keeps the lr it was captured with);
+    ``state['step']`` lives on the parameter's device. Parameters and gradients must be dense
+    (contiguous or permuted, with equal strides); other layouts are a clear error.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        lr = _check_lr(lr)
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps, weight_decay=weight_decay,
+                        amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults)
+        self._plans: dict[tuple[int, torch.dtype], _LaunchPlan] = {}
+        self._labels = {id(p): param_label(None, i, p)
+                        for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_labels"):
+            start = len(self._labels)
+            for i, p in enumerate(self.param_groups[-1]["params"]):
+                self._labels.setdefault(id(p), param_label(None, start + i, p))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads torch.optim.AdamW checkpoints too: a CPU ``step`` moves to the parameter's device."""
+        super().load_state_dict(state_dict)
+        for p, s in self.state.items():
+            if "step" in s:
+                s["step"] = torch.as_tensor(s["step"], dtype=torch.float32).reshape(()).to(p.device).clone()
+        self._plans.clear()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_dtype.setdefault(p.dtype, []).append(p)
+            for dtype, params in by_dtype.items():
+                self._launch(index, group, dtype, params)
+        return loss
+
+    def _launch(self, index: int, group: dict, dtype: torch.dtype, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        for p, g in zip(params, grads):
+            if g.layout is not torch.strided:  # before data_ptr(), which sparse tensors lack
+                check_param_and_grad(self._labels[id(p)], p, g, p.device, _SUPPORTED_DTYPES, _WHO)
+        key = tuple(p.data_ptr() for p in params) + tuple(g.data_ptr() for g in grads) + (group["amsgrad"],)
+        plan = self._plans.get((index, dtype))
+        if plan is None or plan.key != key:
+            plan = self._plans[(index, dtype)] = self._build_plan(key, group, params, grads)
+        lr = _check_lr(group["lr"])
+        beta1, beta2 = group["betas"]
+        _adamw_group_kernel[(plan.n_programs,)](
+            plan.table, plan.done, plan.n_tensors,
+            *_host_scalars(lr, beta1, beta2, group["eps"], group["weight_decay"]),
+            DTYPE=_TL_DTYPE[dtype], AMSGRAD=bool(group["amsgrad"]), MAXIMIZE=bool(group["maximize"]),
+            ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(params[0].device), BLOCK_SIZE=BLOCK,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )
+
+    def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> _LaunchPlan:
+        refuse_rebuild_while_capturing(_WHO)
+        device = params[0].device
+        check_device_supported(device, _WHO)
+        states = []
+        for p, g in zip(params, grads):
+            label = self._labels[id(p)]
+            check_param_and_grad(label, p, g, device, _SUPPORTED_DTYPES, _WHO)
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["amsgrad"] and "max_exp_avg_sq" not in state:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+            for k in keys:
+                check_same_layout(label, p, state[k], k, _WHO)
+                if state[k].dtype != p.dtype:
+                    raise RuntimeError(f"{_WHO}: state '{k}' of {label} is {state[k].dtype}, expected {p.dtype}.")
+            if state["step"].device != device or state["step"].dtype != torch.float32:
+                state["step"] = state["step"].to(device=device, dtype=torch.float32).reshape(())
+            states.append(state)
+        return _LaunchPlan(key, params, grads, states, bool(group["amsgrad"]))
