@@ -1,0 +1,408 @@
+"""Rotary position embeddings on q and k in one Triton launch, forward and backward.
+
+For each head vector x of length D, the first ``rotary_dim`` (= cos.shape[-1]) entries are split
+into pairs (x1, x2) and rotated; the rest pass through unchanged:
+
+    style "half" (Hugging Face rotate_half):  x1 = x[j],    x2 = x[j + rotary_dim/2]
+    style "interleaved" (GPT-J):              x1 = x[2j],   x2 = x[2j + 1]
+
+    out1 = x1 * cos1 - x2 * sin1            cos1, sin1 = cos[p, index of x1], sin[p, index of x1]
+    out2 = x2 * cos2 + x1 * sin2            cos2, sin2 = cos[p, index of x2], sin[p, index of x2]
+
+that is, ``out = x * cos + rotate(x) * sin`` with cos / sin of shape (positions, rotary_dim) in
+the "full" layout both styles' reference code builds (so cos1 == cos2 for the usual tables, but
+the kernel does not assume it). p = position_offset (+ per-batch offset) + s, for KV-cache decoding.
+
+Backward is the transposed rotation: dx1 = dy1 * cos1 + dy2 * sin2, dx2 = dy2 * cos2 - dy1 * sin1,
+the forward kernel with (sin1, sin2) replaced by (-sin2, -sin1).
+
+One launch covers q and k: the grid's second axis runs over (batch, head block) of q, then of k;
+a program rotates BLOCK_H heads x BLOCK_S positions and loads the cos / sin tile once for all of
+its heads. Inputs are read through their strides, so (B, H, S, D) and (B, S, H, D) layouts and
+non-contiguous views need no copy. Not in place by default; ``apply_rotary_`` is the in-place
+variant, a ``torch.library`` custom op declaring that it mutates q and k.
+
+``rotary_ref`` is the PyTorch reference (also the ``impl="torch"`` path).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+STYLES = ("half", "interleaved")
+LAYOUTS = ("bhsd", "bshd")
+IMPLS = ("auto", "triton", "torch")
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+# Elements of x per program (both halves): 8192 bf16 = 16 KB read, enough bytes in flight per SM
+# at a few programs per SM, and 32 values per thread at 8 warps.
+_ELEMENTS_PER_PROGRAM = 8192
+# Heads per program share one cos / sin tile: 8 heads make the tile's L2 reads a quarter of x's.
+_MAX_BLOCK_H = 8
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference
+# ------------------------------------------------------------------------------------------------
+def _positions(offset: int | torch.Tensor, batch: int, seq: int, device) -> torch.Tensor:
+    steps = torch.arange(seq, device=device)
+    if isinstance(offset, torch.Tensor):
+        return offset.to(device=device, dtype=torch.long)[:, None] + steps[None, :]  # (B, S)
+    return (offset + steps)[None, :].expand(batch, seq)
+
+
+def _rotate(x: torch.Tensor, style: str) -> torch.Tensor:
+    if style == "half":
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def rotary_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    style: str = "half",
+    layout: str = "bhsd",
+    position_offset: int | torch.Tensor = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager PyTorch rotary, the math of the module docstring (compute in the inputs' dtype)."""
+    cos, sin = _table_2d(cos), _table_2d(sin)
+    rot = cos.shape[-1]
+    seq_dim, head_dim_index = (2, 1) if layout == "bhsd" else (1, 2)
+    pos = _positions(position_offset, q.shape[0], q.shape[seq_dim], q.device)
+    c, s = cos[pos].unsqueeze(head_dim_index), sin[pos].unsqueeze(head_dim_index)  # broadcast over heads
+
+    def one(x):
+        x_rot, x_pass = x[..., :rot], x[..., rot:]
+        out = x_rot * c.to(x.dtype) + _rotate(x_rot, style) * s.to(x.dtype)
+        return torch.cat((out, x_pass), dim=-1)
+
+    return one(q), one(k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _rotate_heads(
+    x_ptr, x_sb, x_sh, x_ss, x_sd,  # input (B, H, S, D) through its strides
+    o_ptr, o_sb, o_sh, o_ss, o_sd,  # output, same logical shape
+    b, h0, H, s_idx, s_mask,
+    c1, c2, s1, s2,  # (BLOCK_S, BLOCK_HALF) cos / sin tiles, in ACC
+    D,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    COPY_PASS: tl.constexpr,  # copy dims rotary_dim..D to the output (out of place only)
+    ACC: tl.constexpr,
+):
+    heads = h0 + tl.arange(0, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)
+    if INTERLEAVED:
+        d1 = 2 * j
+        d2 = 2 * j + 1
+    else:
+        d1 = j
+        d2 = j + HALF
+    mask = (heads < H)[:, None, None] & s_mask[None, :, None] & (j < HALF)[None, None, :]
+    heads = heads.to(tl.int64)
+    s64 = s_idx.to(tl.int64)
+    x_row = x_ptr + b * x_sb + heads[:, None, None] * x_sh + s64[None, :, None] * x_ss
+    o_row = o_ptr + b * o_sb + heads[:, None, None] * o_sh + s64[None, :, None] * o_ss
+    x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
+    x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
+    out1 = x1 * c1[None, :, :] - x2 * s1[None, :, :]
+    out2 = x2 * c2[None, :, :] + x1 * s2[None, :, :]
+    tl.store(o_row + d1[None, None, :] * o_sd, out1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_row + d2[None, None, :] * o_sd, out2.to(o_ptr.dtype.element_ty), mask=mask)
+    if COPY_PASS:
+        dp = 2 * HALF + tl.arange(0, BLOCK_PASS)
+        pmask = (heads < H)[:, None, None] & s_mask[None, :, None] & (dp < D)[None, None, :]
+        xp = tl.load(x_row + dp[None, None, :] * x_sd, mask=pmask, other=0.0)
+        tl.store(o_row + dp[None, None, :] * o_sd, xp, mask=pmask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, q_sb, q_sh, q_ss, q_sd,  # q as (B, Hq, S, D), any strides
+    k_ptr, k_sb, k_sh, k_ss, k_sd,  # k as (B, Hk, S, D)
+    qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,  # rotated q (may alias q: in place)
+    ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,  # rotated k
+    cos_ptr, cos_stride,  # (positions, rotary_dim), unit column stride
+    sin_ptr, sin_stride,
+    offsets_ptr,  # (B,) int: per-batch position offsets (HAS_OFFSETS)
+    position_offset,  # int: the offset when there are no per-batch offsets
+    Hq, Hk, S, D,
+    HALF: tl.constexpr,  # rotary_dim / 2
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BACKWARD: tl.constexpr,  # rotate by the transposed matrix (gradients)
+    HAS_OFFSETS: tl.constexpr,
+    COPY_PASS: tl.constexpr,
+    ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
+):
+    s_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    q_blocks = tl.cdiv(Hq, BLOCK_H)
+    head_blocks = q_blocks + tl.cdiv(Hk, BLOCK_H)
+    b = bh // head_blocks
+    hb = bh % head_blocks
+
+    s_idx = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
+    s_mask = s_idx < S
+    if HAS_OFFSETS:
+        pos = s_idx + tl.load(offsets_ptr + b)
+    else:
+        pos = s_idx + position_offset
+    pos = pos.to(tl.int64)
+    j = tl.arange(0, BLOCK_HALF)
+    if INTERLEAVED:
+        d1 = 2 * j
+        d2 = 2 * j + 1
+    else:
+        d1 = j
+        d2 = j + HALF
+    tmask = s_mask[:, None] & (j < HALF)[None, :]
+    c1 = tl.load(cos_ptr + pos[:, None] * cos_stride + d1[None, :], mask=tmask, other=0.0).to(ACC)
+    c2 = tl.load(cos_ptr + pos[:, None] * cos_stride + d2[None, :], mask=tmask, other=0.0).to(ACC)
+    s1 = tl.load(sin_ptr + pos[:, None] * sin_stride + d1[None, :], mask=tmask, other=0.0).to(ACC)
+    s2 = tl.load(sin_ptr + pos[:, None] * sin_stride + d2[None, :], mask=tmask, other=0.0).to(ACC)
+    if BACKWARD:
+        s1, s2 = -s2, -s1
+
+    b = b.to(tl.int64)
+    if hb < q_blocks:
+        _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
+                      b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
+                      HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+    else:
+        _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
+                      b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
+                      HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch
+# ------------------------------------------------------------------------------------------------
+def _table_2d(t: torch.Tensor) -> torch.Tensor:
+    """cos / sin as (positions, rotary_dim): leading singleton dims (HF's (1, S, D)) dropped."""
+    while t.dim() > 2 and t.shape[0] == 1:
+        t = t[0]
+    return t
+
+
+def _bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t if layout == "bhsd" else t.transpose(1, 2)
+
+
+def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass):
+    """q, k, q_out, k_out as (B, H, S, D) views; cos / sin (positions, rotary_dim)."""
+    batch, hq, seq, dim = q.shape
+    hk = k.shape[1]
+    half = cos.shape[-1] // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = min(_MAX_BLOCK_H, triton.next_power_of_2(min(hq, hk)))
+    block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
+    block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
+    head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
+    grid = (triton.cdiv(seq, block_s), batch * head_blocks)
+    acc = tl.float64 if q.dtype == torch.float64 else tl.float32
+    _rotary_kernel[grid](
+        q, *q.stride(), k, *k.stride(), q_out, *q_out.stride(), k_out, *k_out.stride(),
+        cos, cos.stride(0), sin, sin.stride(0),
+        offsets if offsets is not None else cos, position_offset,
+        hq, hk, seq, dim,
+        HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
+        INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=offsets is not None,
+        COPY_PASS=copy_pass and dim > 2 * half, ACC=acc,
+        num_warps=8 if block_h * block_s * block_half >= 2048 else 4,
+    )
+
+
+class _RotaryFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, offsets, position_offset, style, layout):
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        interleaved = style == "interleaved"
+        _launch(_bhsd(q, layout), _bhsd(k, layout), _bhsd(q_out, layout), _bhsd(k_out, layout),
+                cos, sin, offsets, position_offset, interleaved=interleaved, backward=False, copy_pass=True)
+        ctx.save_for_backward(cos, sin, offsets)
+        ctx.position_offset, ctx.interleaved, ctx.layout = position_offset, interleaved, layout
+        return q_out, k_out
+
+    @staticmethod
+    def backward(ctx, dq_out, dk_out):
+        cos, sin, offsets = ctx.saved_tensors
+        dq, dk = torch.empty_like(dq_out), torch.empty_like(dk_out)
+        layout = ctx.layout
+        _launch(_bhsd(dq_out, layout), _bhsd(dk_out, layout), _bhsd(dq, layout), _bhsd(dk, layout),
+                cos, sin, offsets, ctx.position_offset, interleaved=ctx.interleaved, backward=True,
+                copy_pass=True)
+        return dq, dk, None, None, None, None, None, None
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API
+# ------------------------------------------------------------------------------------------------
+def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate; return cos / sin as 2-D tables."""
+    if style not in STYLES:
+        raise ValueError(f"apply_rotary: style must be one of {', '.join(STYLES)}, got {style!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"apply_rotary: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ValueError(f"apply_rotary: {name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"apply_rotary: unsupported dtype {t.dtype} for {name}; accepted: float32, bfloat16, float16, float64")
+    if q.dtype != k.dtype or q.device != k.device:
+        raise ValueError(f"apply_rotary: q ({q.dtype}, {q.device}) and k ({k.dtype}, {k.device}) must match")
+    qb, kb = _bhsd(q, layout), _bhsd(k, layout)
+    if (qb.shape[0], qb.shape[2], qb.shape[3]) != (kb.shape[0], kb.shape[2], kb.shape[3]):
+        raise ValueError(
+            f"apply_rotary: q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must share batch, "
+            "sequence and head dimension"
+        )
+    cos, sin = _table_2d(cos), _table_2d(sin)
+    if cos.dim() != 2 or cos.shape != sin.shape:
+        raise ValueError(
+            f"apply_rotary: cos and sin must both be (positions, rotary_dim) (leading 1s allowed), got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if not cos.is_floating_point() or not sin.is_floating_point():
+        raise TypeError(f"apply_rotary: cos / sin must be floating point, got {cos.dtype} / {sin.dtype}")
+    if cos.device != q.device or sin.device != q.device:
+        raise ValueError(f"apply_rotary: cos / sin are on {cos.device}, q on {q.device}")
+    rot, head_dim, seq = cos.shape[-1], qb.shape[3], qb.shape[2]
+    if rot > head_dim:
+        raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) is larger than the head dimension {head_dim}")
+    if rot % 2 or rot == 0:
+        raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) must be even and positive")
+    if isinstance(position_offset, torch.Tensor):
+        if position_offset.shape != (qb.shape[0],) or position_offset.is_floating_point():
+            raise ValueError(
+                f"apply_rotary: position_offset tensor must be integer of shape ({qb.shape[0]},), got "
+                f"{position_offset.dtype} {tuple(position_offset.shape)}"
+            )
+        # One host sync: an out-of-range offset would otherwise read past cos / sin.
+        lo, hi = int(position_offset.min()), int(position_offset.max())
+    else:
+        lo = hi = int(position_offset)
+    if lo < 0:
+        raise ValueError(f"apply_rotary: position offsets must be >= 0, got {lo}")
+    if hi + seq > cos.shape[0]:
+        raise ValueError(
+            f"apply_rotary: cos / sin have {cos.shape[0]} positions, shorter than the {hi + seq} needed "
+            f"(offset {hi} + sequence length {seq})"
+        )
+    return cos, sin
+
+
+def triton_usable(q: torch.Tensor) -> str | None:
+    """Why the Triton path cannot take ``q`` here, or None when it can."""
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+    return None
+
+
+def _table_for_kernel(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _offsets_for_kernel(position_offset, device) -> tuple[torch.Tensor | None, int]:
+    if isinstance(position_offset, torch.Tensor):
+        return position_offset.to(device=device, dtype=torch.int64).contiguous(), 0
+    return None, int(position_offset)
+
+
+def apply_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    style: str = "half",
+    layout: str = "bhsd",
+    position_offset: int | torch.Tensor = 0,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k (one launch) and return new tensors ``(q_out, k_out)``.
+
+    q (B, Hq, S, D) and k (B, Hk, S, D) for ``layout="bhsd"``, (B, S, H, D) for "bshd", any
+    strides. cos / sin (positions, rotary_dim), rotary_dim <= D (the rest of each head passes
+    through). ``style``: "half" (HF rotate_half) or "interleaved" (GPT-J). ``position_offset``:
+    an int, or an int tensor of shape (B,), added to the positions 0..S-1 (KV cache).
+    ``impl``: "triton", "torch" (``rotary_ref``) or "auto" (measured once per shape, cached).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"apply_rotary: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
+    if impl == "auto":
+        from .autoselect import choose_impl
+
+        qb, kb = _bhsd(q, layout), _bhsd(k, layout)
+        shape = (qb.shape[0], qb.shape[1], kb.shape[1], qb.shape[2], qb.shape[3], cos.shape[-1])
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        impl = choose_impl("rotary", shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
+    if impl == "torch":
+        return rotary_ref(q, k, cos, sin, style=style, layout=layout, position_offset=position_offset)
+    why_not = triton_usable(q)
+    if why_not is not None:
+        raise ValueError(f"apply_rotary(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    offsets, offset = _offsets_for_kernel(position_offset, q.device)
+    return _RotaryFunction.apply(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset, style, layout)
+
+
+@torch.library.custom_op("kernelbench::rotary_", mutates_args=("q", "k"))
+def _rotary_inplace_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    offsets: torch.Tensor | None, position_offset: int, interleaved: bool, bshd: bool,
+) -> None:
+    layout = "bshd" if bshd else "bhsd"
+    qb, kb = _bhsd(q, layout), _bhsd(k, layout)
+    # In place: each program loads its x1 / x2 before storing them; pass-through dims stay as they are.
+    _launch(qb, kb, qb, kb, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
+            copy_pass=False)
+
+
+@_rotary_inplace_op.register_fake
+def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd) -> None:
+    return None
+
+
+def apply_rotary_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    style: str = "half",
+    layout: str = "bhsd",
+    position_offset: int | torch.Tensor = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In-place ``apply_rotary`` (Triton only, no autograd: inference and KV-cache writes).
+
+    A ``torch.library`` custom op (``kernelbench::rotary_``) that declares it mutates q and k, so
+    torch.compile and CUDA graphs see the write. Returns q and k.
+    """
+    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
+    why_not = triton_usable(q)
+    if why_not is not None:
+        raise ValueError(f"apply_rotary_: {why_not}")
+    offsets, offset = _offsets_for_kernel(position_offset, q.device)
+    torch.ops.kernelbench.rotary_(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
+                                  style == "interleaved", layout == "bshd")
+    return q, k
