@@ -346,36 +346,35 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
 
 
 class _Tracker:
-    """One ParityTracker per tolerance class (dtype), since a bf16 state tensor and an fp32
-    param of the same candidate are held to different tolerances."""
+    """One ParityTracker per tolerance, since a bf16 state tensor, an fp32 param and a reduced
+    gradient of the same candidate can be held to different tolerances."""
 
     def __init__(self, op: Op, cand: Candidate, override: Tolerance | None) -> None:
         self.op, self.cand, self.override = op, cand, override
-        self.by_dtype: dict[torch.dtype, ParityTracker] = {}
+        self.by_tolerance: dict[Tolerance, ParityTracker] = {}
 
-    def tolerance(self, dtype: torch.dtype) -> Tolerance:
-        return self.override or self.op.tolerance_for(self.cand, dtype)
+    def tolerance(self, dtype: torch.dtype, tensor: str) -> Tolerance:
+        return self.override or self.op.tolerance_for(self.cand, dtype, tensor)
 
     def update(self, step: int, ref: dict, cand: dict) -> None:
-        groups: dict[torch.dtype, dict] = {}
+        groups: dict[Tolerance, dict] = {}
         for name, t in cand.items():
-            groups.setdefault(t.dtype, {})[name] = t
-        for dtype, tensors in groups.items():
-            tracker = self.by_dtype.get(dtype)
+            groups.setdefault(self.tolerance(t.dtype, name), {})[name] = t
+        for tol, tensors in groups.items():
+            tracker = self.by_tolerance.get(tol)
             if tracker is None:
-                tol = self.tolerance(dtype)
-                tracker = self.by_dtype[dtype] = ParityTracker(tol.atol, tol.rtol, tol.fro)
+                tracker = self.by_tolerance[tol] = ParityTracker(tol.atol, tol.rtol, tol.fro)
             tracker.update(step, ref, tensors)
 
     @property
     def tensors(self):
-        for dtype, tracker in self.by_dtype.items():
+        for tol, tracker in self.by_tolerance.items():
             for entry in tracker.tensors.values():
-                yield dtype, entry
+                yield tol, entry
 
     @property
     def not_compared(self) -> set[str]:
-        return set().union(*(t.not_compared for t in self.by_dtype.values())) if self.by_dtype else set()
+        return set().union(*(t.not_compared for t in self.by_tolerance.values())) if self.by_tolerance else set()
 
     @property
     def passed(self) -> bool:
@@ -387,13 +386,12 @@ def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str
                  tracker: _Tracker, steps: int) -> list[dict]:
     rows = []
     failing = []
-    for dtype, entry in tracker.tensors:
-        tol = tracker.tolerance(dtype)
+    for tol, entry in tracker.tensors:
         status = PASS if entry.passed else FAIL
         if not entry.passed:
             failing.append(f"{entry.name} (step {entry.first_failed_step})")
-        tol_text = f"{str(dtype).replace('torch.', '')}: " + (
-            f"rel Frobenius <= {tol.fro:g}" if tol.fro is not None else f"atol {tol.atol:g}, rtol {tol.rtol:g}")
+        tol_text = (f"rel Frobenius <= {tol.fro:g}" if tol.fro is not None
+                    else f"atol {tol.atol:g}, rtol {tol.rtol:g}")
         if tol.reason:
             tol_text += f" ({tol.reason})"
         worst = entry.worst

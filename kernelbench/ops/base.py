@@ -176,6 +176,7 @@ class Op:
         tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
+        tensor_tolerances: Mapping[str, Mapping[torch.dtype, Tolerance]] | None = None,
     ) -> None:
         if name in REGISTRY:
             raise ValueError(f"op '{name}' declared twice")
@@ -184,6 +185,8 @@ class Op:
         self.workloads = {w.name: w for w in workloads}
         self.reference = reference
         self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+        # Per result-tensor overrides (e.g. a gradient that sums M rounded products).
+        self.tensor_tolerances = {k: dict(v) for k, v in (tensor_tolerances or {}).items()}
         self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
         # The candidate every other one's time is divided by in reports (ANCHORS.md's anchor).
         self.speed_anchor = speed_anchor
@@ -265,9 +268,13 @@ class Op:
                 chosen.append(cand)
         return chosen
 
-    def tolerance_for(self, candidate: Candidate | None, dtype: torch.dtype) -> Tolerance:
+    def tolerance_for(self, candidate: Candidate | None, dtype: torch.dtype, tensor: str = "") -> Tolerance:
+        """Candidate override, else the op's override for this result tensor, else by dtype."""
         if candidate is not None and candidate.tolerance and dtype in candidate.tolerance:
             return candidate.tolerance[dtype]
+        by_tensor = self.tensor_tolerances.get(tensor, {})
+        if dtype in by_tensor:
+            return by_tensor[dtype]
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES[torch.float32])
 
     # -- what subclasses provide ----------------------------------------------------------------

@@ -38,10 +38,12 @@ class FunctionOp(Op):
         tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
+        tensor_tolerances: Mapping[str, Mapping[torch.dtype, Tolerance]] | None = None,
     ) -> None:
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
             tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
+            tensor_tolerances=tensor_tolerances,
         )
         unknown = set(modes) - set(MODES)
         if unknown:

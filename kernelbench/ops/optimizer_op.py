@@ -51,11 +51,13 @@ class OptimizerOp(Op):
         tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
+        tensor_tolerances: Mapping[str, Mapping[torch.dtype, Tolerance]] | None = None,
         grad_scale: float = 1.0,
     ) -> None:
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
             tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
+            tensor_tolerances=tensor_tolerances,
         )
         self.hyperparams = dict(hyperparams)
         self._bytes_per_param = bytes_per_param

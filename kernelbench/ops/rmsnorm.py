@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Workload
+from .base import Tolerance, Workload
 from .function_op import FunctionOp
 
 
@@ -61,6 +61,12 @@ rmsnorm = FunctionOp(
     grad_inputs=("x", "weight"),
     modes=("fwd", "fwd+bwd"),
     bytes_moved=_bytes,
+    # dweight sums M products rounded to bf16/fp16: its error is absolute (~sqrt(M) roundings),
+    # so near-zero sums fail any relative bound; the norm of the error is what stays small.
+    tensor_tolerances={"grad_weight": {
+        torch.bfloat16: Tolerance(0, 0, fro=1e-2, reason="grad_weight: sum of M rounded products"),
+        torch.float16: Tolerance(0, 0, fro=2e-3, reason="grad_weight: sum of M rounded products"),
+    }},
 )
 
 

@@ -65,7 +65,7 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
                          + "; ".join(mismatches) + "): their times are not comparable. "
                          "Pass --force to compare anyway.")
     bt, nt = _times(base_rows), _times(new_rows)
-    joined = bt.join(nt, how="inner", lsuffix="_base", rsuffix="_new")
+    joined = bt.add_suffix("_base").join(nt.add_suffix("_new"), how="inner")
     table = pd.DataFrame(index=joined.index)
     table["base ms"] = joined["time_median_ms_base"]
     table["new ms"] = joined["time_median_ms_new"]

@@ -1,0 +1,156 @@
+"""Every CLI verb through typer's CliRunner: exit codes, messages and the files written."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kernelbench.cli import app
+from kernelbench.harness.runner import ROW_FIELDS
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False, env={"COLUMNS": "200"})
+
+
+def test_list_shows_every_op_and_why_a_candidate_cannot_run():
+    result = invoke("list", "--device", "cpu", "--workloads")
+    assert result.exit_code == 0, result.output
+    for op in ("adamw", "adam-mini", "muon-ns", "rmsnorm", "rotary"):
+        assert op in result.output
+    assert "needs CUDA" in result.output  # torch-adamw-fused in adam-mini
+    assert "model-370m" in result.output and "llama-tiny" in result.output
+
+
+def test_run_writes_the_four_report_files(tmp_path):
+    out = tmp_path / "r"
+    result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "--rep-ms", "5", "--warmup-ms", "1",
+                    "--parity-steps", "2", "--output-dir", out)
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == {"results.csv", "run.json", "summary.md", "junit.xml"}
+    rows = pd.read_csv(out / "results.csv")
+    assert list(rows.columns) == list(ROW_FIELDS)
+    medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
+    assert medians.loc["torch-forloop", "status"] == "ok" and medians.loc["torch-forloop", "value"] > 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["outcome"] == "complete" and meta["environment"]["device"] == "cpu"
+    assert len(meta["rows"]) == len(rows)
+    cases = ET.parse(out / "junit.xml").getroot().iter("testcase")
+    assert {c.get("name") for c in cases} >= {"tiny/step/torch-foreach", "tiny/step/torch-fused"}
+    assert "## Speed" in (out / "summary.md").read_text()
+
+
+def test_parity_exit_code_1_when_a_check_fails(tmp_path):
+    # torch's fused AdamW differs from the for-loop one by rounding: zero tolerance fails it.
+    result = invoke("parity", "adamw", "--steps", "2", "-w", "tiny", "-c", "torch-fused",
+                    "--atol", "0", "--rtol", "0", "--device", "cpu", "--output-dir", tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "parity failed" in result.output
+    failure = ET.parse(tmp_path / "junit.xml").getroot().find(".//failure")
+    assert failure is not None and "step 0" in failure.get("message")
+
+
+def test_parity_passes_within_the_op_tolerance(tmp_path):
+    result = invoke("parity", "adamw", "--steps", "3", "-w", "tiny", "-c", "torch-foreach", "-c", "torch-fused",
+                    "--device", "cpu", "--output-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "results.csv")
+    per_tensor = rows[rows.metric == "parity_max_abs"]
+    assert set(per_tensor.tensor) >= {"w0", "w0.exp_avg", "w0.exp_avg_sq", "b0.exp_avg"}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("run", "adamx"), "Did you mean 'adamw'"),
+    (("run", "adamw", "-c", "torch-fusd"), "Did you mean 'torch-fused'"),
+    (("run", "adamw", "-w", "model-37m"), "Did you mean 'model-370m'"),
+    (("run", "adam-mini", "--state", "fp9"), "accepted: fp32, bf16, fp8"),
+    (("run", "adamw", "--state", "fp8"), "has no option --state"),
+    (("parity", "rmsnorm", "--steps", "0"), "at least 1"),
+    (("run", "adamw", "--device", "tpu"), "accepted values are cpu, cuda, auto"),
+])
+def test_bad_input_exits_2_naming_what_is_accepted(args, expected, tmp_path):
+    result = invoke(*args, "--output-dir", tmp_path / "x") if args[0] != "list" else invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert expected in result.output
+
+
+def test_config_errors_name_the_file_key_and_accepted_values(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[suite]\nrep_ms = 10\nrepeat = 3\n[[bench]]\nop = "adamw"\n')
+    result = invoke("run", "--config", bad)
+    assert result.exit_code == 2
+    assert str(bad) in result.output and "'repeat'" in result.output and "rep_ms" in result.output
+    bad.write_text('[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidate = ["torch-fused"]\n')
+    result = invoke("run", "--config", bad)
+    assert result.exit_code == 2 and "'candidate'" in result.output and "candidates" in result.output
+    bad.write_text('[[bench]]\nop = "rmsnrm"\n')
+    result = invoke("run", "--config", bad)
+    assert result.exit_code == 2 and "Did you mean 'rmsnorm'" in result.output
+
+
+def test_exit_4_when_no_requested_candidate_can_run(tmp_path):
+    result = invoke("run", "adam-mini", "-c", "torch-adamw-fused", "--device", "cpu", "--output-dir", tmp_path)
+    assert result.exit_code == 4, result.output
+    rows = pd.read_csv(tmp_path / "results.csv")
+    assert (rows.status == "skipped").all() and rows.message.str.contains("needs CUDA").all()
+
+
+def _bench(tmp_path, name):
+    out = tmp_path / name
+    result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "-c", "torch-forloop",
+                    "--rep-ms", "5", "--warmup-ms", "1", "--output-dir", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_compare_same_run_is_clean_and_a_slower_row_is_exit_3(tmp_path):
+    base = _bench(tmp_path, "base")
+    same = invoke("compare", base, base, "--output-dir", tmp_path / "cmp")
+    assert same.exit_code == 0, same.output
+    assert (tmp_path / "cmp" / "compare.csv").is_file()
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "run.json").write_text((base / "run.json").read_text())
+    rows = pd.read_csv(base / "results.csv")
+    is_median = rows.metric == "time_median_ms"
+    rows.loc[is_median, "value"] = rows.loc[is_median, "value"] * 3
+    rows.to_csv(slow / "results.csv", index=False)
+    result = invoke("compare", base, slow)
+    assert result.exit_code == 3, result.output
+    assert "regression" in result.output
+
+
+def test_compare_refuses_other_gpus_unless_forced(tmp_path):
+    base = _bench(tmp_path, "base")
+    other = tmp_path / "other"
+    other.mkdir()
+    meta = json.loads((base / "run.json").read_text())
+    meta["environment"]["gpu_name"] = "NVIDIA H200"
+    (other / "run.json").write_text(json.dumps(meta))
+    (other / "results.csv").write_text((base / "results.csv").read_text())
+    refused = invoke("compare", base, other)
+    assert refused.exit_code == 2 and "gpu_name" in refused.output and "--force" in refused.output
+    assert invoke("compare", base, other, "--force").exit_code == 0
+    assert invoke("compare", base, tmp_path / "missing").exit_code == 2
+
+
+def test_env_prints_the_fingerprint_as_json():
+    result = invoke("env", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    for key in ("torch", "triton", "python", "kernelbench", "git_sha", "utc_time", "seed", "command_line"):
+        assert key in info
+
+
+def test_default_run_without_cuda_runs_the_cpu_suite(tmp_path):
+    result = invoke("run", "--output-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "quick.toml" in result.output and "CPU suite" in result.output
+    rows = pd.read_csv(tmp_path / "results.csv")
+    assert set(rows.op) >= {"adamw", "rmsnorm", "rotary", "muon-ns"}
+    triton_times = rows[(rows.metric == "time_median_ms") & rows.candidate.str.startswith("triton")]
+    assert (triton_times.status == "not-measured").all() and triton_times.value.isna().all()

@@ -1,0 +1,114 @@
+"""The harness's robustness: a failing candidate becomes an error row, the others still run,
+and rows reach the report file as they are produced."""
+
+import pandas as pd
+import pytest
+import torch
+
+from kernelbench.harness.runner import PlanItem, run_benchmarks, run_parity
+from kernelbench.harness.timing import TimingConfig
+from kernelbench.ops.base import REGISTRY, Workload
+from kernelbench.ops.function_op import FunctionOp
+from kernelbench.report.writer import ReportWriter
+
+FAST = TimingConfig(warmup_ms=1, rep_ms=3, min_reps=2)
+
+
+@pytest.fixture
+def scratch_op():
+    """A throwaway op with a good, a raising and an out-of-memory candidate."""
+    op = FunctionOp(
+        "scratch-double",
+        doc="x * 2",
+        workloads=[Workload("w", "cpu", {"n": 64}, seed=5)],
+        make_inputs=lambda w, device, gen: {"x": torch.randn(w.spec["n"], generator=gen, device=device)},
+        reference=lambda x: x * 2,
+        outputs=("y",),
+    )
+
+    @op.candidate("good")
+    def good():
+        return lambda x: x + x
+
+    @op.candidate("raises")
+    def raises():
+        def fn(x):
+            raise RuntimeError("kernel exploded")
+        return fn
+
+    @op.candidate("oom")
+    def oom():
+        def fn(x):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return fn
+
+    @op.candidate("wrong")
+    def wrong():
+        return lambda x: x * 2.001
+
+    yield op
+    del REGISTRY[op.name]
+
+
+class ListSink:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, row):
+        self.rows.append(row)
+
+
+def test_failing_candidates_get_error_rows_and_the_others_run(scratch_op):
+    sink = ListSink()
+    plan = [PlanItem(scratch_op, list(scratch_op.candidates.values()), list(scratch_op.workloads.values()), ["fwd"])]
+    summary = run_benchmarks(plan, "cpu", sink, timing=FAST, rounds=2)
+    medians = {r["candidate"]: r for r in sink.rows if r["metric"] == "time_median_ms"}
+    assert medians["good"]["status"] == "ok" and medians["good"]["value"] > 0
+    assert medians["wrong"]["status"] == "ok"
+    assert medians["raises"]["status"] == "error" and "kernel exploded" in medians["raises"]["message"]
+    assert medians["oom"]["status"] == "error" and medians["oom"]["message"].startswith("out of memory")
+    assert summary.errors == 2 and summary.measured == 2
+
+
+def test_parity_failure_names_the_first_failing_step(scratch_op):
+    sink = ListSink()
+    plan = [PlanItem(scratch_op, [scratch_op.get_candidate(n) for n in ("good", "wrong", "raises")],
+                     list(scratch_op.workloads.values()), ["fwd"])]
+    summary = run_parity(plan, "cpu", sink, steps=3)
+    checks = {r["candidate"]: r for r in sink.rows if r["metric"] == "parity"}
+    assert checks["good"]["status"] == "pass"
+    assert checks["wrong"]["status"] == "fail" and "y (step 0)" in checks["wrong"]["message"]
+    assert checks["raises"]["status"] == "error"
+    assert summary.parity_failures == 2 and summary.parity_checks == 3
+    first = [r for r in sink.rows if r["candidate"] == "wrong" and r["metric"] == "parity_first_failed_step"]
+    assert first[0]["value"] == 0
+
+
+def test_rows_reach_the_csv_before_the_run_ends(tmp_path, scratch_op):
+    writer = ReportWriter(tmp_path, {"device": "cpu"}, "run")
+
+    class Boom(Exception):
+        pass
+
+    class CrashAfterFirstRow:
+        def add(self, row):
+            writer.add(row)
+            raise Boom
+
+    plan = [PlanItem(scratch_op, [scratch_op.get_candidate("good")], list(scratch_op.workloads.values()), ["fwd"])]
+    with pytest.raises(Boom):
+        run_benchmarks(plan, "cpu", CrashAfterFirstRow(), timing=FAST, rounds=1)
+    rows = pd.read_csv(tmp_path / "results.csv")  # nothing closed the writer: the row is there
+    assert len(rows) == 1 and rows.loc[0, "metric"] == "time_median_ms"
+
+
+def test_interpreted_triton_candidates_are_not_timed(monkeypatch, scratch_op):
+    from kernelbench.ops.base import Requires
+
+    scratch_op.candidate("triton", requires=Requires(triton=True))(lambda: (lambda x: x * 2))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    sink = ListSink()
+    plan = [PlanItem(scratch_op, [scratch_op.get_candidate("triton")], list(scratch_op.workloads.values()), ["fwd"])]
+    run_benchmarks(plan, "cpu", sink, timing=FAST)
+    (row,) = sink.rows
+    assert row["status"] == "not-measured" and row["value"] is None
