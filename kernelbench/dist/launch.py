@@ -1,0 +1,88 @@
+"""Start the dist-adamw benchmark on N local ranks through torch.distributed.run; return its JSON.
+
+    from kernelbench.dist.launch import launch
+    result = launch(nproc=2, workload="model-370m", steps=50, output=Path("results/dist-adamw.json"))
+
+On a machine with GPUs each rank gets one GPU and NCCL; without them the ranks are CPU processes
+on Gloo with the Triton interpreter (a check that everything runs, not a measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelbench.ops.base import UsageError, unknown_name_error
+
+# NVLink multicast must stay off on the GPU machines: NCCL's NVLS and torch's symmetric memory.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
+            bucket_mb: float = 64.0) -> list[str]:
+    """The command line ``launch`` runs (also what a user can paste into a shell)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+        "-m", "kernelbench.dist.bench",
+        "--workload", workload, "--steps", str(steps), "--warmup", str(warmup),
+        "--bucket-mb", str(bucket_mb), "--output", str(output),
+    ]
+
+
+def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
+           bucket_mb: float = 64.0, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Runs the worker on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
+
+    Raises UsageError for bad arguments (checked here, before any process starts), and
+    RuntimeError when the run fails or passes ``timeout_s`` (the whole process tree is killed;
+    the message ends with the tail of its output)."""
+    from kernelbench.dist.bench import workloads
+
+    if workload not in workloads():
+        raise unknown_name_error("workload", workload, workloads())
+    if nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {nproc}")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise UsageError(f"--nproc {nproc} needs {nproc} GPUs; {torch.cuda.device_count()} visible")
+    if steps < 1 or warmup < 0:
+        raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
+
+    output = Path(output)
+    if output.exists():
+        output.unlink()  # so a stale file is never mistaken for this run's result
+    env = {**os.environ, **MULTICAST_OFF}
+    if not torch.cuda.is_available():
+        env.setdefault("TRITON_INTERPRET", "1")
+    # The worker is started with -m: make this checkout importable whether or not it is installed.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+
+    cmd = command(nproc, workload, steps, output, warmup=warmup, bucket_mb=bucket_mb)
+    # A session of its own, so that a timeout kills torchrun and every rank it started.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise RuntimeError(
+            f"dist-adamw: no result after {timeout_s:.0f} s (a rank hung?); killed. Command: {' '.join(cmd)}\n"
+            + _tail(log)
+        ) from None
+    if proc.returncode != 0 or not output.exists():
+        raise RuntimeError(
+            f"dist-adamw: the ranks failed (exit code {proc.returncode}). Command: {' '.join(cmd)}\n" + _tail(log)
+        )
+    return json.loads(output.read_text())
+
+
+def _tail(log: str | None, lines: int = 60) -> str:
+    return "\n".join((log or "").splitlines()[-lines:])

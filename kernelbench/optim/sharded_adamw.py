@@ -1,0 +1,593 @@
+"""ZeRO-1 sharded AdamW on torch.distributed: each rank keeps 1/world of AdamW's state.
+
+The math is torch.optim.AdamW's, applied to the gradient averaged over the ranks,
+g = (1/W) * sum_r g_r, at step t:
+
+    p <- p * (1 - lr * weight_decay)
+    m <- beta1 * m + (1 - beta1) * g
+    v <- beta2 * v + (1 - beta2) * g^2
+    p <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+Layout. The parameters of each param group are packed, in order, into flat fp32 *buckets* of at
+most ``bucket_bytes`` (a larger parameter gets a bucket of its own). Every parameter becomes a view
+into its bucket (``p.data`` and ``p.grad`` are re-pointed once, at construction), so a step copies
+nothing in or out: copying 370M fp32 params out of a flat buffer and back would move 2.9 GB per
+step, about 0.7 ms on an H200, a tenth of the step. Each parameter starts on a 64-element
+(256-byte) boundary and each bucket is padded to a multiple of ``64 * world`` elements, so the W
+shards of a bucket are equal and aligned; the padding holds zeros and stays zero. Rank r owns
+shard r of every bucket and holds the moments of that shard only.
+
+A step, per bucket, in the same order on every rank:
+
+    reduce-scatter(grad bucket, AVG)   rank r's shard of the grad bucket now holds the averaged
+                                       gradient of that shard (in place: no extra buffer)
+    adamw_step_flat(param shard, grad shard, m, v, step)   the Triton kernel, one launch
+    all-gather(param bucket)           every rank's updated shard lands in every replica (in place)
+
+Pipelining: all reduce-scatters are issued first (async), then for each bucket the update waits
+for its own reduce-scatter only and its all-gather is issued right after it, so while bucket b is
+updated the reduce-scatters of b+1.. (and the all-gathers of ..b-1) are on the wire. With NCCL the
+waits are stream waits: ``step()`` never blocks the host.
+
+Gradients: after a step the owned shard of each grad bucket holds the averaged gradient and the
+rest the local one; ``zero_grad()`` zeroes the buckets in place and keeps ``p.grad`` as views (so
+the next backward accumulates into them). A parameter whose grad is None is stepped with a zero
+gradient (as in DDP's buckets; torch.optim.AdamW would skip it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+# Elements per alignment unit: 64 fp32 = 256 bytes, so every parameter view and every shard starts
+# on a boundary that vectorised loads (and TMA, which needs 16 bytes) are happy with.
+ALIGN = 64
+
+COMM_MODES = ("auto", "reduce-scatter-avg", "reduce-scatter-sum", "all-reduce")
+
+PER_RANK_FORMAT = "kernelbench.ShardedAdamW/per-rank/v1"
+
+# Keys torch.optim.AdamW's param groups carry beyond ours; a consolidated state dict includes them
+# so that torch.optim.AdamW.load_state_dict takes it as its own.
+_TORCH_ADAMW_GROUP_EXTRAS = {
+    "amsgrad": False,
+    "foreach": None,
+    "capturable": False,
+    "differentiable": False,
+    "fused": None,
+    "decoupled_weight_decay": True,
+}
+
+
+def _reduce_scatter_single() -> Callable[..., Any]:
+    # torch 2.13 renamed reduce_scatter_tensor (now deprecated); the GPU machine runs 2.11.
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _all_gather_single() -> Callable[..., Any]:
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class _Bucket:
+    index: int
+    group_index: int
+    group: dict[str, Any]  # the param group: hyperparameters are read from it at every step
+    params: list[torch.Tensor]
+    param_indices: list[int]  # positions in the optimizer's global parameter order
+    offsets: list[int]
+    param_flat: torch.Tensor
+    grad_flat: torch.Tensor
+    param_views: list[torch.Tensor]
+    grad_views: list[torch.Tensor]
+    shard_numel: int
+    param_shard: torch.Tensor  # this rank's slice of param_flat (a view)
+    grad_shard: torch.Tensor  # this rank's slice of grad_flat (a view)
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    step: torch.Tensor  # 0-d fp32 on the params' device; the kernel increments it
+
+
+class ShardedAdamW(torch.optim.Optimizer):
+    """AdamW with its state sharded over the ranks of a process group (ZeRO stage 1).
+
+    Args:
+        params: parameters or param groups (named parameters accepted), fp32, on one device, and
+            the same list (names, shapes, order) on every rank.
+        lr, betas, eps, weight_decay, maximize: as torch.optim.AdamW.
+        bucket_bytes: flat bucket size; smaller buckets overlap more, larger ones use the links
+            better. 64 MiB by default.
+        process_group: the group to shard over; by default the world group when torch.distributed
+            is initialised, else a single process (no communication at all).
+        comm: how gradients are averaged. ``auto``: NCCL uses reduce-scatter with AVG; other
+            backends are probed at construction for reduce-scatter with AVG, then with SUM (and a
+            scale), then fall back to all-reduce SUM + list all-gather (old Gloo builds lack the
+            flat-tensor collectives). Name a mode to force it.
+
+    Construction is collective (every rank must build it) and checks that the ranks agree on the
+    parameter list; ``step()``, ``consolidated_state_dict()`` and ``load_state_dict()`` are
+    collective too.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        maximize: bool = False,
+        bucket_bytes: int = 64 * 2**20,
+        process_group: dist.ProcessGroup | None = None,
+        comm: str = "auto",
+    ) -> None:
+        if not 0.0 <= lr:
+            raise ValueError(f"ShardedAdamW: invalid learning rate {lr}; accepted: lr >= 0")
+        if not 0.0 <= eps:
+            raise ValueError(f"ShardedAdamW: invalid eps {eps}; accepted: eps >= 0")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"ShardedAdamW: invalid betas[{i}] = {beta}; accepted: 0 <= beta < 1")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"ShardedAdamW: invalid weight_decay {weight_decay}; accepted: >= 0")
+        if not isinstance(bucket_bytes, int) or bucket_bytes < 4:
+            raise ValueError(f"ShardedAdamW: bucket_bytes must be an int >= 4, got {bucket_bytes!r}")
+        if comm not in COMM_MODES:
+            raise ValueError(f"ShardedAdamW: unknown comm mode {comm!r}; accepted: {', '.join(COMM_MODES)}")
+
+        self._constructing = True
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize)
+        super().__init__(params, defaults)
+        self._constructing = False
+
+        if process_group is None and dist.is_available() and dist.is_initialized():
+            process_group = dist.group.WORLD
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        self.bucket_bytes = bucket_bytes
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        self._check_params(all_params)
+        self.device = all_params[0].device
+        if self.world_size > 1:
+            self._check_ranks_agree()
+        self.comm = self._choose_comm(comm)
+
+        from kernelbench.optim.adamw import adamw_step_flat  # defines Triton kernels: import late
+
+        self._adamw_step_flat = adamw_step_flat
+        self._buckets = self._build_buckets()
+        for b in self._buckets:
+            # Registered in self.state (keyed by the shard view) so that tools which sum the
+            # tensors of optimizer.state see what this rank holds.
+            self.state[b.param_shard] = {"step": b.step, "exp_avg": b.exp_avg, "exp_avg_sq": b.exp_avg_sq}
+
+    # -- construction ---------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if not self._constructing:
+            raise RuntimeError(
+                "ShardedAdamW: add_param_group after construction is not supported (the buckets and "
+                "shards are fixed when it is built); pass every param group to the constructor"
+            )
+        super().add_param_group(param_group)
+
+    def _param_name(self, index: int) -> str:
+        position = 0
+        for group in self.param_groups:
+            names = group.get("param_names")
+            if index < position + len(group["params"]):
+                return f"'{names[index - position]}'" if names else f"param {index}"
+            position += len(group["params"])
+        return f"param {index}"
+
+    def _check_params(self, params: list[torch.Tensor]) -> None:
+        if not params:
+            raise ValueError("ShardedAdamW: got an empty parameter list")
+        device = params[0].device
+        for i, p in enumerate(params):
+            if p.dtype != torch.float32:
+                raise TypeError(
+                    f"ShardedAdamW: {self._param_name(i)} is {p.dtype}; accepted: torch.float32 "
+                    "(the update kernel keeps fp32 params and moments)"
+                )
+            if p.device != device:
+                raise ValueError(
+                    f"ShardedAdamW: {self._param_name(i)} is on {p.device} but the first param is on "
+                    f"{device}; accepted: every param on one device"
+                )
+            if p.is_sparse or p.layout != torch.strided:
+                raise TypeError(f"ShardedAdamW: {self._param_name(i)} is not a dense strided tensor")
+            if p.grad is not None and p.grad.is_sparse:
+                raise TypeError(f"ShardedAdamW: {self._param_name(i)} has a sparse grad; not supported")
+
+    def _signature(self) -> list[tuple[Any, ...]]:
+        """What every rank must agree on, one entry per parameter (and the settings)."""
+        entries: list[tuple[Any, ...]] = [("bucket_bytes", self.bucket_bytes)]
+        index = 0
+        for g, group in enumerate(self.param_groups):
+            hyper = tuple((k, group[k]) for k in ("lr", "betas", "eps", "weight_decay", "maximize"))
+            entries.append((f"param group {g} hyperparameters", hyper))
+            for p in group["params"]:
+                entries.append((self._param_name(index), (f"group {g}", tuple(p.shape), str(p.dtype))))
+                index += 1
+        entries.append(("number of params", index))
+        return entries
+
+    def _check_ranks_agree(self) -> None:
+        mine = self._signature()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.process_group)
+        reference = gathered[0]
+        for rank, theirs in enumerate(gathered[1:], start=1):
+            for position in range(max(len(reference), len(theirs))):
+                ref_entry = reference[position] if position < len(reference) else ("(missing)", None)
+                their_entry = theirs[position] if position < len(theirs) else ("(missing)", None)
+                if ref_entry != their_entry:
+                    raise ValueError(
+                        "ShardedAdamW: ranks disagree on the parameter list; first mismatch at entry "
+                        f"{position}: rank 0 has {ref_entry[0]} = {ref_entry[1]}, rank {rank} has "
+                        f"{their_entry[0]} = {their_entry[1]}. Every rank must pass the same params "
+                        "(names, shapes, order) and hyperparameters."
+                    )
+
+    def _choose_comm(self, comm: str) -> str:
+        if self.world_size == 1 or comm != "auto":
+            return comm
+        if dist.get_backend(self.process_group) == "nccl":
+            return "reduce-scatter-avg"
+        # Probe on a tiny tensor; every rank runs the same torch, so every rank takes the same path.
+        probe_in = torch.ones(ALIGN * self.world_size, device=self.device)
+        probe_out = torch.empty(ALIGN, device=self.device)
+        for mode, op in (("reduce-scatter-avg", dist.ReduceOp.AVG), ("reduce-scatter-sum", dist.ReduceOp.SUM)):
+            try:
+                _reduce_scatter_single()(probe_out, probe_in, op=op, group=self.process_group)
+                _all_gather_single()(probe_in, probe_out, group=self.process_group)
+                return mode
+            except (RuntimeError, NotImplementedError, ValueError):
+                continue
+        return "all-reduce"
+
+    def _build_buckets(self) -> list[_Bucket]:
+        cap = max(1, self.bucket_bytes // 4)
+        buckets: list[_Bucket] = []
+        index = 0
+        for group_index, group in enumerate(self.param_groups):
+            pending: list[tuple[int, torch.Tensor]] = []
+            pending_numel = 0
+            for p in group["params"]:
+                size = _round_up(p.numel(), ALIGN)
+                if pending and pending_numel + size > cap:
+                    buckets.append(self._make_bucket(len(buckets), group_index, group, pending))
+                    pending, pending_numel = [], 0
+                pending.append((index, p))
+                pending_numel += size
+                index += 1
+            if pending:
+                buckets.append(self._make_bucket(len(buckets), group_index, group, pending))
+        return buckets
+
+    @torch.no_grad()
+    def _make_bucket(self, index: int, group_index: int, group: dict[str, Any], members: list[tuple[int, torch.Tensor]]) -> _Bucket:
+        offsets, total = [], 0
+        for _, p in members:
+            offsets.append(total)
+            total += _round_up(p.numel(), ALIGN)
+        total = _round_up(total, ALIGN * self.world_size)
+        shard = total // self.world_size
+        param_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
+        grad_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
+        param_views, grad_views = [], []
+        for (_, p), offset in zip(members, offsets):
+            pv = param_flat[offset : offset + p.numel()].view(p.shape)
+            gv = grad_flat[offset : offset + p.numel()].view(p.shape)
+            pv.copy_(p)
+            if p.grad is not None:
+                gv.copy_(p.grad)
+            p.data = pv  # the parameter now lives in the bucket; its old storage is released
+            p.grad = gv
+            param_views.append(pv)
+            grad_views.append(gv)
+        lo, hi = self.rank * shard, (self.rank + 1) * shard
+        return _Bucket(
+            index=index,
+            group_index=group_index,
+            group=group,
+            params=[p for _, p in members],
+            param_indices=[i for i, _ in members],
+            offsets=offsets,
+            param_flat=param_flat,
+            grad_flat=grad_flat,
+            param_views=param_views,
+            grad_views=grad_views,
+            shard_numel=shard,
+            param_shard=param_flat[lo:hi],
+            grad_shard=grad_flat[lo:hi],
+            exp_avg=torch.zeros(shard, dtype=torch.float32, device=self.device),
+            exp_avg_sq=torch.zeros(shard, dtype=torch.float32, device=self.device),
+            step=torch.zeros((), dtype=torch.float32, device=self.device),
+        )
+
+    # -- the step -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._collect_grads()
+        self._run(communicate=True, update=True)
+        return loss
+
+    @torch.no_grad()
+    def communicate_only(self) -> None:
+        """For measuring the communication / compute split: the step's reduce-scatters and
+        all-gathers, in the step's order, without the update. Not an optimizer step."""
+        self._run(communicate=True, update=False)
+
+    @torch.no_grad()
+    def update_only(self) -> None:
+        """For measuring the split: the update kernel on every shard, no communication. Not an
+        optimizer step (it uses whatever the grad shards hold)."""
+        self._run(communicate=False, update=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the gradient buckets in place, whatever ``set_to_none`` says: the grads are views
+        into the buckets and stay so, which lets backward accumulate straight into them."""
+        for b in self._buckets:
+            b.grad_flat.zero_()
+            for p, gv in zip(b.params, b.grad_views):
+                p.grad = gv
+
+    def _collect_grads(self) -> None:
+        """Host-side checks only (pointers, no device sync): re-point grads that are not views into
+        the buckets, copying them in with one foreach launch per kind."""
+        copy_dst, copy_src, zero = [], [], []
+        for b in self._buckets:
+            for p, pv, gv, i in zip(b.params, b.param_views, b.grad_views, b.param_indices):
+                if p.data_ptr() != pv.data_ptr() or p.shape != pv.shape:
+                    raise RuntimeError(
+                        f"ShardedAdamW: {self._param_name(i)} no longer lives in the optimizer's flat "
+                        "bucket (its .data was replaced, e.g. by .to(), .half() or a new tensor); build "
+                        "the optimizer after moving or converting the model"
+                    )
+                g = p.grad
+                if g is None:
+                    zero.append(gv)
+                    p.grad = gv
+                elif g.data_ptr() != gv.data_ptr() or g.stride() != gv.stride():
+                    copy_dst.append(gv)
+                    copy_src.append(g)
+                    p.grad = gv
+        if copy_dst:
+            torch._foreach_copy_(copy_dst, copy_src)
+        if zero:
+            torch._foreach_zero_(zero)
+
+    def _run(self, *, communicate: bool, update: bool) -> None:
+        if self.world_size == 1 or not communicate:
+            if update:
+                for b in self._buckets:
+                    self._update(b)
+            return
+        reductions = [self._start_reduce_scatter(b) for b in self._buckets]
+        gathers = []
+        for b, work in zip(self._buckets, reductions):
+            self._wait(work, "reduce-scatter", b)
+            if self.comm != "reduce-scatter-avg":
+                b.grad_shard.mul_(1.0 / self.world_size)
+            if update:
+                self._update(b)
+            gathers.append(self._start_all_gather(b))
+        for b, work in zip(self._buckets, gathers):
+            self._wait(work, "all-gather", b)
+
+    def _update(self, b: _Bucket) -> None:
+        group = b.group
+        beta1, beta2 = group["betas"]
+        self._adamw_step_flat(
+            b.param_shard, b.grad_shard, b.exp_avg, b.exp_avg_sq, b.step,
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+            weight_decay=group["weight_decay"], maximize=group["maximize"],
+        )
+
+    def _comm_error(self, what: str, b: _Bucket, error: Exception) -> RuntimeError:
+        return RuntimeError(
+            f"ShardedAdamW (rank {self.rank} of {self.world_size}): {what} of bucket {b.index} failed. "
+            "Another rank probably died, stopped stepping, or hit the process group's timeout "
+            f"(init_process_group(timeout=...)). Underlying error: {error}"
+        )
+
+    def _start_reduce_scatter(self, b: _Bucket) -> Any:
+        try:
+            if self.comm == "all-reduce":
+                return dist.all_reduce(b.grad_flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+            op = dist.ReduceOp.AVG if self.comm == "reduce-scatter-avg" else dist.ReduceOp.SUM
+            # In place: the output is this rank's slice of the input, which NCCL and Gloo allow.
+            return _reduce_scatter_single()(b.grad_shard, b.grad_flat, op=op, group=self.process_group, async_op=True)
+        except RuntimeError as error:
+            raise self._comm_error("reduce-scatter", b, error) from error
+
+    def _start_all_gather(self, b: _Bucket) -> Any:
+        try:
+            if self.comm == "all-reduce":
+                # List all-gather: the input must not alias the outputs, hence the copy.
+                chunks = list(b.param_flat.chunk(self.world_size))
+                return dist.all_gather(chunks, b.param_shard.clone(), group=self.process_group, async_op=True)
+            return _all_gather_single()(b.param_flat, b.param_shard, group=self.process_group, async_op=True)
+        except RuntimeError as error:
+            raise self._comm_error("all-gather", b, error) from error
+
+    def _wait(self, work: Any, what: str, b: _Bucket) -> None:
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise self._comm_error(what, b, error) from error
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (moments and step counters)."""
+        return sum(
+            t.numel() * t.element_size() for b in self._buckets for t in (b.exp_avg, b.exp_avg_sq, b.step)
+        )
+
+    def _layout(self) -> list[tuple[int, list[int], list[int], int]]:
+        return [
+            (b.group_index, b.param_indices, b.offsets, b.param_flat.numel())
+            for b in self._buckets
+        ]
+
+    def _groups_for_dict(self, torch_extras: bool) -> list[dict[str, Any]]:
+        groups, index = [], 0
+        for group in self.param_groups:
+            saved = {k: v for k, v in group.items() if k != "params"}
+            if torch_extras:
+                saved.update(_TORCH_ADAMW_GROUP_EXTRAS)
+            saved["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(saved)
+        return groups
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards. Loadable only by a ShardedAdamW with the same world size, rank and
+        bucket layout; use ``consolidated_state_dict`` for a portable checkpoint."""
+        return {
+            "format": PER_RANK_FORMAT,
+            "state": {
+                b.index: {"step": b.step, "exp_avg": b.exp_avg, "exp_avg_sq": b.exp_avg_sq} for b in self._buckets
+            },
+            "param_groups": self._groups_for_dict(torch_extras=False),
+            "sharding": {"rank": self.rank, "world_size": self.world_size, "layout": self._layout()},
+        }
+
+    @torch.no_grad()
+    def consolidated_state_dict(self, to_rank: int = 0) -> dict[str, Any] | None:
+        """Collective. Returns, on ``to_rank``, a torch.optim.AdamW state dict (per-param ``step``,
+        ``exp_avg``, ``exp_avg_sq`` with the params' shapes, on the CPU) and None elsewhere. Peak
+        extra device memory: two buckets."""
+        if not 0 <= to_rank < self.world_size:
+            raise ValueError(f"ShardedAdamW: to_rank {to_rank} is not a rank of a group of {self.world_size}")
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for b in self._buckets:
+            full = {name: self._gather_full(b, getattr(b, name)) for name in ("exp_avg", "exp_avg_sq")}
+            if self.rank != to_rank:
+                continue
+            step = b.step.detach().to("cpu", torch.float32)
+            for i, p, offset in zip(b.param_indices, b.params, b.offsets):
+                entry = {"step": step.clone()}
+                for name, flat in full.items():
+                    entry[name] = flat[offset : offset + p.numel()].view(p.shape).to("cpu", copy=True)
+                state[i] = entry
+        if self.rank != to_rank:
+            return None
+        return {"state": state, "param_groups": self._groups_for_dict(torch_extras=True)}
+
+    def _gather_full(self, b: _Bucket, shard: torch.Tensor) -> torch.Tensor:
+        full = torch.empty(b.param_flat.numel(), dtype=shard.dtype, device=shard.device)
+        if self.world_size == 1:
+            return full.copy_(shard)
+        try:
+            if self.comm == "all-reduce":
+                dist.all_gather(list(full.chunk(self.world_size)), shard, group=self.process_group)
+            else:
+                _all_gather_single()(full, shard, group=self.process_group)
+        except RuntimeError as error:
+            raise self._comm_error("state all-gather", b, error) from error
+        return full
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads this rank's own ``state_dict()`` (same world size, rank and layout), or a
+        torch.optim.AdamW-format dict (from ``consolidated_state_dict`` or from torch.optim.AdamW
+        itself; every rank passes the full dict, any world size)."""
+        groups = state_dict.get("param_groups")
+        if not isinstance(groups, list) or "state" not in state_dict:
+            raise ValueError("ShardedAdamW: a state dict needs 'state' and 'param_groups' keys")
+        if len(groups) != len(self.param_groups):
+            raise ValueError(
+                f"ShardedAdamW: the state dict has {len(groups)} param groups, this optimizer {len(self.param_groups)}"
+            )
+        for g, (saved, group) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"ShardedAdamW: param group {g} has {len(saved['params'])} params in the state dict, "
+                    f"{len(group['params'])} here"
+                )
+            if saved.get("amsgrad", False):
+                raise ValueError("ShardedAdamW: the state dict uses amsgrad=True, which ShardedAdamW does not implement")
+        if state_dict.get("format") == PER_RANK_FORMAT:
+            self._load_per_rank(state_dict)
+        else:
+            self._load_consolidated(state_dict)
+        for saved, group in zip(groups, self.param_groups):
+            for key in ("lr", "betas", "eps", "weight_decay", "maximize"):
+                if key in saved:
+                    group[key] = tuple(saved[key]) if key == "betas" else saved[key]
+
+    def _load_per_rank(self, state_dict: dict[str, Any]) -> None:
+        sharding = state_dict["sharding"]
+        mine = {"rank": self.rank, "world_size": self.world_size, "layout": self._layout()}
+        for key in ("world_size", "rank", "layout"):
+            if _plain(sharding[key]) != _plain(mine[key]):
+                raise ValueError(
+                    f"ShardedAdamW: this per-rank state dict was saved with a different {key} "
+                    f"({_plain(sharding[key]) if key != 'layout' else 'bucket layout'}); per-rank dicts load "
+                    "only into the same world size, rank and bucket_bytes. Load a consolidated_state_dict() "
+                    "instead to change any of them."
+                )
+        for b in self._buckets:
+            saved = state_dict["state"][b.index]
+            for name in ("step", "exp_avg", "exp_avg_sq"):
+                getattr(b, name).copy_(saved[name])
+
+    def _load_consolidated(self, state_dict: dict[str, Any]) -> None:
+        saved_state = state_dict["state"]
+        for b in self._buckets:
+            steps = set()
+            present = [i for i in b.param_indices if i in saved_state]
+            if present and len(present) != len(b.param_indices):
+                missing = next(i for i in b.param_indices if i not in saved_state)
+                raise ValueError(
+                    f"ShardedAdamW: the state dict has state for some params of bucket {b.index} but not "
+                    f"for {self._param_name(missing)}; params that share a bucket must share a step count"
+                )
+            full = {name: torch.zeros_like(b.param_flat) for name in ("exp_avg", "exp_avg_sq")}
+            for i, p, offset in zip(b.param_indices, b.params, b.offsets):
+                if i not in saved_state:
+                    continue
+                entry = saved_state[i]
+                for name, flat in full.items():
+                    value = entry[name]
+                    if tuple(value.shape) != tuple(p.shape):
+                        raise ValueError(
+                            f"ShardedAdamW: {name} of {self._param_name(i)} has shape {tuple(value.shape)} "
+                            f"in the state dict, the param has {tuple(p.shape)}"
+                        )
+                    flat[offset : offset + p.numel()].copy_(value.reshape(-1))
+                steps.add(float(entry["step"]))
+            if len(steps) > 1:
+                raise ValueError(
+                    f"ShardedAdamW: params of bucket {b.index} have different step counts {sorted(steps)} "
+                    "in the state dict; a bucket steps all its params together"
+                )
+            lo = self.rank * b.shard_numel
+            b.exp_avg.copy_(full["exp_avg"][lo : lo + b.shard_numel])
+            b.exp_avg_sq.copy_(full["exp_avg_sq"][lo : lo + b.shard_numel])
+            b.step.fill_(steps.pop() if steps else 0.0)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and lists compare equal after a save / load round trip."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
