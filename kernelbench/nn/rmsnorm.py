@@ -39,8 +39,11 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (autoselect logs it)
+    from ._no_triton import tl, triton
 
 MAX_N = 65536
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
@@ -451,6 +454,8 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.
 
 def triton_usable(x: torch.Tensor) -> str | None:
     """Why the Triton path cannot take ``x`` here, or None when it can."""
+    if not getattr(triton, "available", True):
+        return "triton not installed"
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
     if x.shape[-1] > MAX_N:

@@ -30,8 +30,11 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (autoselect logs it)
+    from ._no_triton import tl, triton
 
 STYLES = ("half", "interleaved")
 LAYOUTS = ("bhsd", "bshd")
@@ -313,6 +316,8 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
 
 def triton_usable(q: torch.Tensor) -> str | None:
     """Why the Triton path cannot take ``q`` here, or None when it can."""
+    if not getattr(triton, "available", True):
+        return "triton not installed"
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
     return None

@@ -1,0 +1,306 @@
+"""Per-shape choice between kernelbench's Triton kernels and PyTorch, measured once, cached on disk.
+
+``RMSNorm(..., impl="auto")`` and ``apply_rotary(..., impl="auto")`` call :func:`choose_impl`.
+The first time a (op, shape, dtype, mode, variant) is seen on a GPU, each available
+implementation runs a few times (CUDA events, interleaved, median of ``REPS``) and the faster is
+kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default
+``~/.cache/kernelbench/autoselect.json``) keyed also by GPU name and torch / triton versions, so
+another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
+answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
+one log line.
+
+:func:`autoselect_report` is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype
+bf16`` prints: each implementation's time and the choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+log = logging.getLogger("kernelbench.nn")
+
+CACHE_ENV = "KERNELBENCH_CACHE_DIR"
+CACHE_FILE = "autoselect.json"
+OPS = ("rmsnorm", "rotary")
+MODES = ("fwd", "fwd+bwd")
+IMPLEMENTATIONS = ("triton", "torch")
+WARMUP, REPS = 3, 10
+
+_memory: dict[str, dict] = {}
+_warned_no_triton = False
+
+Timer = Callable[[dict[str, Callable[[], None]]], dict[str, float]]
+
+
+def cache_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "kernelbench")
+    return Path(root) / CACHE_FILE
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process answers (the file stays): the next call reads the file again."""
+    _memory.clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_version() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return None
+    import triton
+
+    return triton.__version__
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: str) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return dev.type
+
+
+def cache_key(op: str, shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str = "") -> str:
+    dims = "x".join(str(int(d)) for d in shape)
+    return "|".join([
+        op, variant or "-", dims, str(dtype).removeprefix("torch."), mode, _device_name(device),
+        f"torch {torch.__version__}", f"triton {_triton_version() or 'none'}",
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# What is timed, per op
+# ------------------------------------------------------------------------------------------------
+def _rmsnorm_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str) -> dict:
+    from .rmsnorm import rms_norm
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device=device)).to(dtype)
+    backward = mode == "fwd+bwd"
+    if backward:
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        dy = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    def runner(impl: str) -> Callable[[], None]:
+        def run() -> None:
+            y = rms_norm(x, w, 1e-6, impl=impl)
+            if backward:
+                x.grad = w.grad = None
+                y.backward(dy)
+
+        return run
+
+    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
+
+
+def _rotary_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str) -> dict:
+    from .rotary import apply_rotary
+
+    batch, hq, hk, seq, dim, rot = shape
+    style, layout = (variant or "half-bhsd").split("-")
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def make(heads: int) -> torch.Tensor:
+        dims = (batch, heads, seq, dim) if layout == "bhsd" else (batch, seq, heads, dim)
+        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    q, k = make(hq), make(hk)
+    angles = torch.rand((seq, rot), generator=gen, device=device) * 6.0
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    backward = mode == "fwd+bwd"
+    if backward:
+        q.requires_grad_(True)
+        k.requires_grad_(True)
+        dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def runner(impl: str) -> Callable[[], None]:
+        def run() -> None:
+            qo, ko = apply_rotary(q, k, cos, sin, style=style, layout=layout, impl=impl)
+            if backward:
+                q.grad = k.grad = None
+                torch.autograd.backward((qo, ko), (dq, dk))
+
+        return run
+
+    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
+
+
+_RUNNERS = {"rmsnorm": _rmsnorm_runners, "rotary": _rotary_runners}
+
+
+def _triton_blocker(op: str, shape: tuple) -> str | None:
+    """Why the Triton implementation is out for this shape, or None."""
+    if _triton_version() is None:
+        return "triton not installed"
+    if op == "rmsnorm":
+        from .rmsnorm import MAX_N
+
+        if shape[-1] > MAX_N:
+            return f"last dimension {shape[-1]} > {MAX_N}: beyond the Triton kernels"
+    return None
+
+
+def cuda_event_timer(runners: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """Median ms per runner: WARMUP untimed calls each, then REPS rounds interleaving them."""
+    for run in runners.values():
+        for _ in range(WARMUP):
+            run()
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(REPS)] for name in runners}
+    for rep in range(REPS):
+        for name, run in runners.items():
+            start, end = events[name][rep]
+            start.record()
+            run()
+            end.record()
+    torch.cuda.synchronize()
+    result = {}
+    for name, pairs in events.items():
+        times = sorted(start.elapsed_time(end) for start, end in pairs)
+        result[name] = times[len(times) // 2]
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# The cache file
+# ------------------------------------------------------------------------------------------------
+def _read_file() -> dict:
+    path = cache_path()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as exc:
+        log.warning("kernelbench autoselect: ignoring unreadable cache %s (%s)", path, exc)
+        return {}
+
+
+def _write_entry(key: str, entry: dict) -> None:
+    """Merge one entry into the file (read, update, atomic replace: concurrent writers lose
+    nothing but the rare entry written between another's read and replace)."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_file()
+        data[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".autoselect-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home must not break a forward pass
+        log.warning("kernelbench autoselect: could not write %s (%s)", path, exc)
+
+
+# ------------------------------------------------------------------------------------------------
+# Public
+# ------------------------------------------------------------------------------------------------
+def autoselect_report(
+    op: str,
+    shape: tuple,
+    dtype: torch.dtype,
+    *,
+    mode: str = "fwd+bwd",
+    variant: str = "",
+    device: str | None = None,
+    timer: Timer | None = None,
+    refresh: bool = False,
+) -> dict:
+    """Measure (or read from the cache) the implementations of ``op`` for ``shape`` / ``dtype``.
+
+    shape: rmsnorm, the input's shape (..., N); rotary, (B, Hq, Hk, S, D, rotary_dim) with
+    ``variant`` "<style>-<layout>" (default "half-bhsd"). ``timer`` replaces CUDA-event timing
+    (tests). ``refresh`` measures again and overwrites the cached answer.
+
+    Returns {"op", "shape", "dtype", "mode", "variant", "device", "key", "times_ms" (impl ->
+    median ms, or None where not measured), "choice", "reason", "source" ("measured", "memory" or
+    "file"), "cache_file"}.
+    """
+    if op not in OPS:
+        raise ValueError(f"autoselect: unknown op {op!r}; known: {', '.join(OPS)}")
+    if mode not in MODES:
+        raise ValueError(f"autoselect: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    shape = tuple(int(d) for d in shape)
+    if op == "rotary" and len(shape) != 6:
+        raise ValueError(f"autoselect: rotary shape is (B, Hq, Hk, S, D, rotary_dim), got {shape}")
+    if not shape or any(d <= 0 for d in shape):
+        raise ValueError(f"autoselect: shape must be non-empty with positive dims, got {shape}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(torch.device(device))
+    key = cache_key(op, shape, dtype, device, mode, variant)
+    base = {"op": op, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "mode": mode,
+            "variant": variant, "device": _device_name(device), "key": key, "cache_file": str(cache_path())}
+
+    if not refresh:
+        if key in _memory:
+            return {**base, **_memory[key], "source": "memory"}
+        stored = _read_file().get(key)
+        if stored is not None:
+            _memory[key] = stored
+            return {**base, **stored, "source": "file"}
+
+    entry = _decide(op, shape, dtype, device, mode, variant, timer)
+    _memory[key] = entry
+    if entry["measured"]:
+        _write_entry(key, entry)
+    return {**base, **entry, "source": "measured"}
+
+
+def _decide(op, shape, dtype, device, mode, variant, timer) -> dict:
+    global _warned_no_triton
+    blocker = _triton_blocker(op, shape)
+    if blocker == "triton not installed" and not _warned_no_triton:
+        log.info("kernelbench.nn: triton not installed; RMSNorm and rotary use PyTorch")
+        _warned_no_triton = True
+    if blocker is not None:
+        return {"times_ms": {impl: None for impl in IMPLEMENTATIONS}, "choice": "torch",
+                "reason": blocker, "measured": False}
+    if timer is None:
+        if torch.device(device).type != "cuda":
+            return {"times_ms": {impl: None for impl in IMPLEMENTATIONS}, "choice": "torch",
+                    "reason": "no CUDA: timings not measured", "measured": False}
+        timer = cuda_event_timer
+    runners = _RUNNERS[op](shape, dtype, device, mode, variant)
+    times = timer(runners)
+    choice = min(times, key=times.get)
+    others = ", ".join(f"{name} {ms:.4g} ms" for name, ms in times.items() if name != choice)
+    return {"times_ms": dict(times), "choice": choice,
+            "reason": f"fastest measured: {choice} {times[choice]:.4g} ms (vs {others}), median of {REPS}",
+            "measured": True}
+
+
+def choose_impl(
+    op: str,
+    shape: tuple,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    requires_grad: bool,
+    variant: str = "",
+) -> str:
+    """"triton" or "torch" for this call; what ``impl="auto"`` resolves to."""
+    device = str(torch.device(device))
+    mode = "fwd+bwd" if requires_grad else "fwd"
+    if torch.compiler.is_compiling():
+        # No measuring or file reads while tracing: a cached answer, else Triton where it can run.
+        cached = _memory.get(cache_key(op, tuple(shape), dtype, device, mode, variant))
+        if cached is not None:
+            return cached["choice"]
+        usable = _triton_blocker(op, tuple(shape)) is None and torch.device(device).type == "cuda"
+        return "triton" if usable else "torch"
+    if math.prod(shape) == 0:
+        return "torch"
+    return autoselect_report(op, tuple(shape), dtype, mode=mode, variant=variant, device=device)["choice"]

@@ -1,0 +1,155 @@
+"""kernelbench.nn.rmsnorm: Triton RMSNorm (interpreter on CPU) against the fp64 reference."""
+
+import pytest
+import torch
+
+from kernelbench.nn.rmsnorm import MAX_N, RMSNorm, rms_norm, rmsnorm_ref
+
+# (atol, rtol) for outputs and dx; dweight (a sum over rows) is compared by relative norm.
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
+DW_FRO = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def assert_close(name, got, want, atol, rtol):
+    got, want = got.double(), want.double()
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    nan_mismatch = (got.isnan() != want.isnan()).sum().item()
+    bad = (got - want).abs() > atol + rtol * want.abs()
+    if nan_mismatch or bad.any():
+        first = tuple(bad.nonzero()[0].tolist()) if bad.any() else None
+        raise AssertionError(
+            f"{name}: {bad.sum().item()} of {bad.numel()} elements outside atol={atol} rtol={rtol}, "
+            f"max abs diff {(got - want).abs().max().item():.3g}, first at {first}, NaN mismatches {nan_mismatch}"
+        )
+
+
+def assert_fro(name, got, want, fro):
+    err = (got.double() - want.double()).norm() / want.double().norm()
+    assert err <= fro, f"{name}: relative Frobenius error {err:.3g} > {fro}"
+
+
+def run_both(x, weight, residual, eps=1e-6):
+    """(outputs, grads) of the Triton path and of the fp64 reference, same upstream gradients."""
+    gen = torch.Generator().manual_seed(123)
+    leaves = [t for t in (x, weight, residual) if t is not None]
+    out = rms_norm(x, weight, eps, residual=residual, impl="triton")
+    outs = out if isinstance(out, tuple) else (out,)
+    grads_out = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs]
+    torch.autograd.backward(outs, grads_out)
+    got = [o.detach() for o in outs] + [t.grad for t in leaves]
+
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in leaves]
+    it = iter(ref_leaves)
+    rx = next(it)
+    rw = next(it) if weight is not None else None
+    rr = next(it) if residual is not None else None
+    ref = rmsnorm_ref(rx, rw, eps, rr)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    torch.autograd.backward(refs, [g.double() for g in grads_out])
+    want = [o.detach() for o in refs] + [t.grad for t in ref_leaves]
+    return got, want
+
+
+def check(got, want, dtype, has_weight, has_residual):
+    atol, rtol = TOL[dtype]
+    names = ["y"] + (["h"] if has_residual else []) + ["dx"] + (["dweight"] if has_weight else [])
+    names += ["dresidual"] if has_residual else []
+    for name, g, w in zip(names, got, want):
+        if name == "dweight":
+            assert_fro(name, g, w, DW_FRO[dtype])
+        else:
+            assert_close(name, g, w, atol, rtol)
+
+
+SHAPES = [
+    ((1, 760), torch.float32),  # M = 1, N not a power of two
+    ((5, 123, 123), torch.bfloat16),  # odd everything, 3-D
+    ((37, 64), torch.float16),  # several rows per program, a partial last block
+    ((3, 9000), torch.bfloat16),  # backward two-pass path (N > 8192) and the dw column kernel
+    ((2, 17000), torch.float32),  # forward two-pass path too (N > 16384)
+]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("shape, dtype", SHAPES, ids=[f"{'x'.join(map(str, s))}-{str(d)[6:]}" for s, d in SHAPES])
+def test_matches_reference(shape, dtype, residual):
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen).to(dtype).requires_grad_(True)
+    weight = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).to(dtype).requires_grad_(True)
+    res = torch.randn(shape, generator=gen).to(dtype).requires_grad_(True) if residual else None
+    got, want = run_both(x, weight, res)
+    check(got, want, dtype, True, residual)
+
+
+def test_no_weight_and_fp32_weight_with_bf16_input():
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(9, 300, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    got, want = run_both(x, None, None)
+    check(got, want, torch.bfloat16, False, False)
+    x.grad = None
+    weight = (1 + 0.1 * torch.randn(300, generator=gen)).requires_grad_(True)  # fp32 master weight
+    got, want = run_both(x, weight, None)
+    assert got[0].dtype == torch.bfloat16 and got[2].dtype == torch.float32
+    check(got, want, torch.bfloat16, True, False)
+
+
+@pytest.mark.parametrize("kind", ["row-strided", "column-strided", "transposed"])
+def test_non_contiguous_inputs(kind):
+    gen = torch.Generator().manual_seed(3)
+    if kind == "row-strided":  # rows of a wider buffer: read in place through the row stride
+        x = torch.randn(6, 200, generator=gen)[:, :130]
+    elif kind == "column-strided":
+        x = torch.randn(6, 260, generator=gen)[:, ::2]
+    else:
+        x = torch.randn(130, 6, generator=gen).t()
+    x = x.requires_grad_(True)
+    weight = (1 + 0.1 * torch.randn(130, generator=gen)).requires_grad_(True)
+    res = torch.randn(6, 300, generator=gen)[:, 7:137].requires_grad_(True)
+    got, want = run_both(x, weight, res)
+    check(got, want, torch.float32, True, True)
+
+
+def test_gradcheck_fp64():
+    gen = torch.Generator().manual_seed(11)
+    for shape in [(3, 37), (2, 9000)]:  # single-pass and two-pass backward
+        x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(shape[-1], generator=gen, dtype=torch.float64, requires_grad=True)
+        r = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+        fn = lambda x, w, r: rms_norm(x, w, 1e-6, residual=r, impl="triton")  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (x, w, r), fast_mode=True)
+
+
+def test_module_matches_torch_rmsnorm():
+    gen = torch.Generator().manual_seed(5)
+    ours = RMSNorm((4, 24), eps=None, impl="triton")
+    theirs = torch.nn.RMSNorm((4, 24))
+    with torch.no_grad():
+        ours.weight.copy_(1 + 0.1 * torch.randn(4, 24, generator=gen))
+    theirs.load_state_dict(ours.state_dict())  # same parameter names and shapes
+    x = torch.randn(3, 5, 4, 24, generator=gen)
+    assert_close("module y", ours(x), theirs(x), 1e-5, 1e-5)
+    plain = RMSNorm(24, elementwise_affine=False, impl="triton")
+    assert plain.weight is None
+    assert_close("no affine", plain(x), torch.nn.RMSNorm(24, elementwise_affine=False)(x), 1e-5, 1e-5)
+    y, h = RMSNorm(24, impl="triton")(x, residual=x)
+    assert_close("module residual", h, 2 * x, 0, 0)
+
+
+def test_auto_on_cpu_uses_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))
+    x = torch.randn(4, 33)
+    w = torch.randn(33)
+    assert_close("auto", rms_norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (33,), w, 1e-6), 0, 0)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: rms_norm(torch.randn(2, 8), torch.ones(7), impl="triton"), r"weight has shape \(7,\), expected \(8,\)"),
+    (lambda: RMSNorm(16)(torch.randn(2, 8)), r"does not end in normalized_shape \(16,\)"),
+    (lambda: rms_norm(torch.ones(2, 8, dtype=torch.int32), impl="triton"), "unsupported dtype torch.int32"),
+    (lambda: rms_norm(torch.randn(2, 8), residual=torch.randn(2, 9), impl="triton"), "residual has shape"),
+    (lambda: rms_norm(torch.randn(2, 8), impl="cuda"), "impl must be one of"),
+    (lambda: rms_norm(torch.randn(1, MAX_N + 2), impl="triton"), f"> {MAX_N}"),
+])
+def test_bad_input(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
