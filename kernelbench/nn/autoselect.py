@@ -263,7 +263,7 @@ def _decide(op, shape, dtype, device, mode, variant, timer) -> dict:
     global _warned_no_triton
     blocker = _triton_blocker(op, shape)
     if blocker == "triton not installed" and not _warned_no_triton:
-        log.info("kernelbench.nn: triton not installed; RMSNorm and rotary use PyTorch")
+        log.info("triton not installed; RMSNorm and rotary use PyTorch")
         _warned_no_triton = True
     if blocker is not None:
         return {"times_ms": {impl: None for impl in IMPLEMENTATIONS}, "choice": "torch",

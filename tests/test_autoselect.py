@@ -1,0 +1,129 @@
+"""kernelbench.nn.autoselect: the choice, the in-memory and on-disk caches, the fallbacks."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernelbench.nn.autoselect import autoselect_report, cache_path, choose_impl, clear_memory_cache
+
+
+class FakeTimer:
+    """Stands in for CUDA-event timing: fixed times, counts how often it was asked."""
+
+    def __init__(self, times):
+        self.times, self.calls = times, 0
+
+    def __call__(self, runners):
+        self.calls += 1
+        assert set(runners) == set(self.times)
+        return dict(self.times)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))
+    clear_memory_cache()
+    yield tmp_path
+    clear_memory_cache()
+
+
+def test_measures_once_then_memory_then_file(cache_dir):
+    timer = FakeTimer({"triton": 0.5, "torch": 0.8})
+    first = autoselect_report("rmsnorm", (4, 64), torch.bfloat16, timer=timer)
+    assert (first["choice"], first["source"], timer.calls) == ("triton", "measured", 1)
+    assert first["times_ms"] == {"triton": 0.5, "torch": 0.8} and "fastest measured" in first["reason"]
+
+    second = autoselect_report("rmsnorm", (4, 64), torch.bfloat16, timer=timer)
+    assert (second["source"], timer.calls) == ("memory", 1)
+
+    clear_memory_cache()  # as a new process would start: only the file is left
+    third = autoselect_report("rmsnorm", (4, 64), torch.bfloat16, timer=timer)
+    assert (third["choice"], third["source"], timer.calls) == ("triton", "file", 1)
+
+    stored = json.loads(cache_path().read_text())
+    assert cache_path().parent == cache_dir
+    (key,) = stored
+    assert key == first["key"] and key.startswith("rmsnorm|-|4x64|bfloat16|fwd+bwd|cpu|torch ")
+    assert stored[key]["choice"] == "triton"
+
+
+def test_key_separates_shape_dtype_mode_and_refresh_remeasures(cache_dir):
+    timer = FakeTimer({"triton": 0.9, "torch": 0.3})
+    autoselect_report("rmsnorm", (4, 64), torch.bfloat16, timer=timer)
+    autoselect_report("rmsnorm", (4, 128), torch.bfloat16, timer=timer)
+    autoselect_report("rmsnorm", (4, 64), torch.float16, timer=timer)
+    autoselect_report("rmsnorm", (4, 64), torch.bfloat16, mode="fwd", timer=timer)
+    assert timer.calls == 4 and len(json.loads(cache_path().read_text())) == 4
+    again = autoselect_report("rmsnorm", (4, 64), torch.bfloat16, timer=timer, refresh=True)
+    assert (again["source"], again["choice"], timer.calls) == ("measured", "torch", 5)
+
+
+def test_fresh_process_reads_the_file(cache_dir):
+    autoselect_report("rotary", (1, 2, 1, 8, 16, 16), torch.float32, variant="half-bhsd",
+                      timer=FakeTimer({"triton": 0.1, "torch": 0.2}))
+    code = (
+        "import torch; from kernelbench.nn.autoselect import autoselect_report\n"
+        "def no_timer(runners): raise SystemExit('measured again')\n"
+        "r = autoselect_report('rotary', (1, 2, 1, 8, 16, 16), torch.float32, variant='half-bhsd', timer=no_timer)\n"
+        "print(r['source'], r['choice'])\n"
+    )
+    env = {**os.environ, "KERNELBENCH_CACHE_DIR": str(cache_dir)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["file", "triton"]
+
+
+def test_auto_dispatch_follows_the_choice(cache_dir):
+    # A cached "triton" answer for this CPU shape makes impl="auto" take the Triton (interpreter) path.
+    autoselect_report("rmsnorm", (3, 40), torch.float32, mode="fwd", timer=FakeTimer({"triton": 1.0, "torch": 2.0}))
+    assert choose_impl("rmsnorm", (3, 40), torch.float32, "cpu", requires_grad=False) == "triton"
+    from kernelbench.nn import rms_norm
+
+    x, w = torch.randn(3, 40), torch.randn(40)
+    assert torch.allclose(rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6, impl="triton"), atol=0, rtol=0)
+
+
+def test_cpu_without_timer_answers_torch_and_writes_nothing(cache_dir):
+    report = autoselect_report("rmsnorm", (16, 2048, 4096), torch.bfloat16, device="cpu")
+    assert report["choice"] == "torch" and report["reason"] == "no CUDA: timings not measured"
+    assert report["times_ms"] == {"triton": None, "torch": None}
+    assert not cache_path().exists()
+
+
+def test_wide_rows_fall_back_to_torch(cache_dir):
+    report = autoselect_report("rmsnorm", (2, 70000), torch.float32, timer=FakeTimer({"triton": 0.0, "torch": 1.0}))
+    assert report["choice"] == "torch" and "70000 > 65536" in report["reason"]
+
+
+def test_bad_arguments(cache_dir):
+    with pytest.raises(ValueError, match="unknown op 'layernorm'"):
+        autoselect_report("layernorm", (2, 4), torch.float32)
+    with pytest.raises(ValueError, match=r"rotary shape is \(B, Hq, Hk, S, D, rotary_dim\)"):
+        autoselect_report("rotary", (2, 4), torch.float32)
+    with pytest.raises(ValueError, match="unknown mode"):
+        autoselect_report("rmsnorm", (2, 4), torch.float32, mode="bwd")
+
+
+def test_without_triton_one_log_line(cache_dir):
+    code = (
+        "import sys, logging; sys.modules['triton'] = None\n"
+        "logging.basicConfig(level=logging.INFO, format='%(name)s: %(message)s')\n"
+        "import torch; from kernelbench.nn import RMSNorm, apply_rotary\n"
+        "m = RMSNorm(32)\n"
+        "for n in (3, 4): m(torch.randn(n, 32))\n"
+        "q = torch.randn(1, 2, 4, 8); c = torch.ones(4, 8)\n"
+        "apply_rotary(q, q, c, c)\n"
+        "print(m.impl, 'ok')\n"
+    )
+    env = {**os.environ, "KERNELBENCH_CACHE_DIR": str(cache_dir)}
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "auto ok"
+    assert [line for line in out.stderr.splitlines() if "triton not installed" in line] == [
+        "kernelbench.nn: triton not installed; RMSNorm and rotary use PyTorch"
+    ]
