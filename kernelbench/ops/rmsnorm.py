@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Tolerance, Workload
+from .base import Requires, Tolerance, Workload
 from .function_op import FunctionOp
 
 
@@ -86,3 +86,22 @@ def torch_rms_norm():
 def torch_compile():
     """torch.compile of the eager RMSNorm."""
     return torch.compile(rmsnorm_ref, dynamic=False)
+
+
+@rmsnorm.candidate("triton", requires=Requires(triton=True))
+def triton_rmsnorm():
+    """kernelbench.nn.rms_norm's Triton kernels (persistent backward, fp32 dw partials)."""
+    from kernelbench.nn.rmsnorm import rms_norm
+
+    return lambda x, weight, eps: rms_norm(x, weight, eps, impl="triton")
+
+
+@rmsnorm.candidate("liger", requires=Requires(cuda=True, packages=("liger_kernel",)), baseline=True)
+def liger():
+    """liger-kernel's LigerRMSNormFunction, llama casting, dy not overwritten."""
+    import torch.distributed.tensor  # noqa: F401  (liger's forward checks for DTensor inputs)
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    # Positional: (X, W, eps, offset, casting_mode, in_place). in_place=False keeps the
+    # harness's upstream gradient intact between reps.
+    return lambda x, weight, eps: LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .base import Workload
+from .base import Requires, Workload
 from .function_op import FunctionOp
 
 
@@ -80,3 +80,24 @@ def torch_eager():
 def torch_compile():
     """torch.compile of the eager rotary."""
     return torch.compile(rotary_ref, dynamic=False)
+
+
+@rotary.candidate("triton", requires=Requires(triton=True))
+def triton_rotary():
+    """kernelbench.nn.apply_rotary: q and k in one Triton launch."""
+    from kernelbench.nn.rotary import apply_rotary
+
+    return lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl="triton")
+
+
+@rotary.candidate("liger", requires=Requires(cuda=True, packages=("liger_kernel",)), baseline=True)
+def liger():
+    """liger-kernel's LigerRopeFunction (it copies q and k into (B, S, H, D) first)."""
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    def run(q, k, cos, sin):
+        # liger takes (1, S, D) tables; some versions also return cos and sin.
+        out = LigerRopeFunction.apply(q, k, cos.unsqueeze(0), sin.unsqueeze(0))
+        return out[0], out[1]
+
+    return run
