@@ -64,6 +64,8 @@ rmsnorm = FunctionOp(
     # dweight sums M products rounded to bf16/fp16: its error is absolute (~sqrt(M) roundings),
     # so near-zero sums fail any relative bound; the norm of the error is what stays small.
     tensor_tolerances={"grad_weight": {
+        # fp32 too: 64 products summed in another order leave ~3e-6 absolute on a sum near 0.
+        torch.float32: Tolerance(0, 0, fro=1e-5, reason="grad_weight: sum of M products, order-dependent"),
         torch.bfloat16: Tolerance(0, 0, fro=1e-2, reason="grad_weight: sum of M rounded products"),
         torch.float16: Tolerance(0, 0, fro=2e-3, reason="grad_weight: sum of M rounded products"),
     }},
