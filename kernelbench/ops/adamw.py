@@ -42,3 +42,11 @@ def torch_foreach(named_params, **hp):
 def torch_fused(named_params, **hp):
     """torch.optim.AdamW(fused=True): one fused kernel over all tensors."""
     return _torch_adamw(named_params, fused=True, **hp)
+
+
+@adamw.candidate("triton", requires=Requires(triton=True))
+def triton_adamw(named_params, **hp):
+    """kernelbench TritonAdamW: one Triton launch per param group, torch forloop's rounding."""
+    from kernelbench.optim.adamw import TritonAdamW
+
+    return TritonAdamW([p for _, p in named_params], **hp)
