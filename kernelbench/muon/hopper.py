@@ -43,16 +43,14 @@ def unavailable_reason(device: torch.device, *shapes: tuple[int, ...]) -> str | 
     """Why the Hopper path cannot run on ``device`` for matrices of ``shapes``, or None."""
     if descriptor_class() is None:
         return f"triton {triton.__version__} has no tensor descriptors (needs >= 3.4)"
-    if device.type != "cuda":
-        if interpreting():
-            return None
-        return "the Hopper path needs a CUDA tensor (or TRITON_INTERPRET=1)"
-    cap = torch.cuda.get_device_capability(device)
-    if cap[0] != 9:
-        return f"the Hopper path needs sm_90 (TMA + wgmma), this GPU is sm_{cap[0]}{cap[1]}"
     for shape in shapes:
         if shape[-1] % 8:
             return f"TMA needs rows of a multiple of 16 bytes (8 bf16 values); got {shape[-1]} columns"
+    if device.type != "cuda":
+        return None if interpreting() else "the Hopper path needs a CUDA tensor (or TRITON_INTERPRET=1)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap[0] != 9:
+        return f"the Hopper path needs sm_90 (TMA + wgmma), this GPU is sm_{cap[0]}{cap[1]}"
     return None
 
 
@@ -67,12 +65,13 @@ def _num_sms(device: torch.device) -> int:
 def _hopper_sym_gram_kernel(
     x_rows_desc,  # TMA over X (batch, M, K), block (1, BLOCK_M, BLOCK_K): the left operand
     x_cols_desc,  # TMA over X (batch, M, K), block (1, BLOCK_N, BLOCK_K): the right operand X^T
-    own_desc,  # TMA over X (batch, M, M), block (1, BLOCK_M, BLOCK_N): epilogue operand (FUSE_POLY)
+    x_ptr,  # X again, for the epilogue's pointer load of its own tile (FUSE_POLY; X is square)
     out_desc,  # TMA over out (batch, M, M), block (1, BLOCK_M, BLOCK_N): the direct tile store
     out_ptr,  # out again, for the masked pointer store of the mirrored tile
     tiles_ptr,  # int32 (num_tiles, 2): element offsets (row, col) of the upper tiles, in L2 order
     num_tiles, batch, M, K,
-    stride_ob, stride_om,  # out is contiguous: its column stride is 1
+    stride_xb, stride_xm,  # X and out are contiguous: their column stride is 1
+    stride_ob, stride_om,
     alpha, beta,  # FUSE_POLY: out = alpha * X + beta * X X^T
     FUSE_POLY: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter: tl.dot in fp32 (bf16 dot is wrong there)
@@ -98,14 +97,18 @@ def _hopper_sym_gram_kernel(
                 a = a.to(tl.float32)
                 c = c.to(tl.float32)
             acc = tl.dot(a, c.T, acc)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        in_range = (rows[:, None] < M) & (cols[None, :] < M)
         if FUSE_POLY:
-            own = own_desc.load([b, off_m, off_n]).reshape(BLOCK_M, BLOCK_N)
+            # A pointer load, not TMA: a TMA buffer for this tile would add 64 KiB of shared
+            # memory to the pipeline's 144 KiB and the store's 64 KiB, past Hopper's 227 KiB.
+            own_ptrs = x_ptr + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + cols[None, :]
+            own = tl.load(own_ptrs, mask=in_range, other=0.0)
             acc = alpha * own.to(tl.float32) + beta * acc
         out = acc.to(out_ptr.dtype.element_ty)
         out_desc.store([b, off_m, off_n], out.reshape(1, BLOCK_M, BLOCK_N))
-        rows = off_m + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        mirror = (rows[:, None] < M) & (cols[None, :] < M) & (cols[None, :] >= off_m + BLOCK_M)
+        mirror = in_range & (cols[None, :] >= off_m + BLOCK_M)
         o_base = out_ptr + b.to(tl.int64) * stride_ob
         tl.store(o_base + cols[None, :] * stride_om + rows[:, None], out, mask=mirror)
 
@@ -114,9 +117,10 @@ def _hopper_sym_gram_kernel(
 def _hopper_update_kernel(
     b_desc,  # TMA over B (batch, M, M), block (1, BLOCK_M, BLOCK_K)
     x_desc,  # TMA over X (batch, M, N), block (1, BLOCK_K, BLOCK_N): the right operand
-    own_desc,  # TMA over X (batch, M, N), block (1, BLOCK_M, BLOCK_N): the epilogue operand
+    x_ptr,  # X again, for the epilogue's pointer load of its own tile (saves a TMA buffer)
     out_ptr,  # (batch, M, N) X_new = coef * X + B X, any float dtype and strides (pointer store)
     batch, M, N,
+    stride_xb, stride_xm,  # X is contiguous: its column stride is 1
     stride_ob, stride_om, stride_on,
     coef,
     UPCAST: tl.constexpr,
@@ -149,11 +153,11 @@ def _hopper_update_kernel(
                 bm = bm.to(tl.float32)
                 xk = xk.to(tl.float32)
             acc = tl.dot(bm, xk, acc)
-        own = own_desc.load([b, off_m, off_n]).reshape(BLOCK_M, BLOCK_N)
-        acc += coef * own.to(tl.float32)
         rows = off_m + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
         in_range = (rows[:, None] < M) & (cols[None, :] < N)
+        own = tl.load(x_ptr + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + cols[None, :], mask=in_range, other=0.0)
+        acc += coef * own.to(tl.float32)
         o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
 
@@ -174,14 +178,19 @@ def sym_gram(x: torch.Tensor, out: torch.Tensor, cfg: GemmConfig, alpha: float =
     tiles = _tile_table(m, cfg.block_m, cfg.block_n, cfg.group_m, x.device)
     num_tiles = tiles.shape[0]
     sms, programs = _grid(num_tiles * batch, x.device)
-    own = _desc(x, cfg.block_m, cfg.block_n) if fuse_poly else _desc(out, cfg.block_m, cfg.block_n)
+    # The fused epilogue converts its loaded tile into the accumulator's layout through shared
+    # memory; at 128x256 that scratch plus 3 stages plus the TMA store buffer is 240 KiB, past
+    # the 227 KiB a Hopper block may use (checked by compiling for sm_90), so it runs 2 stages.
+    stages = cfg.num_stages
+    if fuse_poly and cfg.block_m * cfg.block_n >= 128 * 256:
+        stages -= 1
     _hopper_sym_gram_kernel[(programs,)](
-        _desc(x, cfg.block_m, cfg.block_k), _desc(x, cfg.block_n, cfg.block_k), own,
+        _desc(x, cfg.block_m, cfg.block_k), _desc(x, cfg.block_n, cfg.block_k), x,
         _desc(out, cfg.block_m, cfg.block_n), out, tiles,
-        num_tiles, batch, m, k, out.stride(0), out.stride(1), alpha, beta,
+        num_tiles, batch, m, k, x.stride(0), x.stride(1), out.stride(0), out.stride(1), alpha, beta,
         FUSE_POLY=fuse_poly, UPCAST=interpreting(), WARP_SPECIALIZE=warp_specialize,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_SMS=sms,
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        num_stages=stages, num_warps=cfg.num_warps,
     )
     return out
 
@@ -193,8 +202,8 @@ def update(b: torch.Tensor, x: torch.Tensor, out: torch.Tensor, coef: float, cfg
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     sms, programs = _grid(num_tiles * batch, x.device)
     _hopper_update_kernel[(programs,)](
-        _desc(b, cfg.block_m, cfg.block_k), _desc(x, cfg.block_k, cfg.block_n), _desc(x, cfg.block_m, cfg.block_n),
-        out, batch, m, n, out.stride(0), out.stride(1), out.stride(2), coef,
+        _desc(b, cfg.block_m, cfg.block_k), _desc(x, cfg.block_k, cfg.block_n), x,
+        out, batch, m, n, x.stride(0), x.stride(1), out.stride(0), out.stride(1), out.stride(2), coef,
         UPCAST=interpreting(), WARP_SPECIALIZE=warp_specialize,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms,
         num_stages=cfg.num_stages, num_warps=cfg.num_warps,

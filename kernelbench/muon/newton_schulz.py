@@ -59,8 +59,9 @@ TILE_CONFIGS = (
     GemmConfig(64, 64, 64, num_stages=4, num_warps=4),
 )
 THROUGHPUT = {(128, 256): 1.0, (128, 128): 0.85, (64, 128): 0.65, (64, 64): 0.45}
-# The interpreter: small tiles, so that test matrices of a few dozen rows span several tiles.
-INTERPRETER_CONFIG = GemmConfig(16, 32, 16, num_stages=1, num_warps=4, group_m=2)
+# The interpreter: tiles small enough that test matrices of a few dozen rows span several, and
+# no smaller (the interpreter's time grows with the number of programs).
+INTERPRETER_CONFIG = GemmConfig(32, 64, 32, num_stages=1, num_warps=4, group_m=2)
 
 
 def sym_tile_count(m: int, cfg: GemmConfig) -> int:
