@@ -201,27 +201,27 @@ def _rmsnorm_bwd_kernel(
         # row; pass 2 reads the row back (from L2) and writes dx = rstd*g - x * rstd^3 * sum/N.
         for row in range(pid, M, num_programs):
             rstd = tl.load(rstd_ptr + row)
-            row = tl.cast(row, tl.int64)
+            row64 = tl.cast(row, tl.int64)  # a new name: the loop variable keeps its type
             acc = tl.zeros([BLOCK_N], dtype=ACC)
             for start in range(0, N, BLOCK_N):
                 mask = start + cols < N
-                x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
-                dy = tl.load(dy_ptr + row * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
                 if HAS_WEIGHT:
                     dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
                 acc += dy * x
             coef = tl.sum(acc, axis=0) * rstd * rstd * rstd / N
             for start in range(0, N, BLOCK_N):
                 mask = start + cols < N
-                x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
-                dy = tl.load(dy_ptr + row * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
                 if HAS_WEIGHT:
                     dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
                 dx = rstd * dy - x * coef
                 if HAS_DRES:
-                    dres = tl.load(dres_ptr + row * dres_stride + start + cols, mask=mask, other=0.0)
+                    dres = tl.load(dres_ptr + row64 * dres_stride + start + cols, mask=mask, other=0.0)
                     dx += dres.to(ACC)
-                tl.store(dx_ptr + row * dx_stride + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                tl.store(dx_ptr + row64 * dx_stride + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
