@@ -262,10 +262,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "buckets": len(sharded._buckets),
             "comm_mode": sharded.comm,
             "timing": (
-                ("CUDA events" if device.type == "cuda" else "host clock (CPU, Triton interpreter: not a measurement)")
-                + "; 256 MB L2 flush and a barrier before each rep (untimed); metrics interleaved per round;"
-                " a rep's time is the slowest rank's"
-            ),
+                "CUDA events; 256 MB L2 flush and a barrier before each rep (untimed)"
+                if device.type == "cuda"
+                else "host clock; CPU ranks on Gloo, kernels in the Triton interpreter: not a measurement"
+            ) + "; metrics interleaved per round; a rep's time is the slowest rank's",
             "warmup": args.warmup,
             "metrics_ms": metrics,
             "speedup_vs_allreduce_fused": base / step if step > 0 else None,

@@ -86,7 +86,7 @@ class _Bucket:
     offsets: list[int]
     param_flat: torch.Tensor
     grad_flat: torch.Tensor
-    param_views: list[torch.Tensor]
+    param_ptrs: list[int]  # where each param's data must stay (checked at every step, host only)
     grad_views: list[torch.Tensor]
     shard_numel: int
     param_shard: torch.Tensor  # this rank's slice of param_flat (a view)
@@ -286,7 +286,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         shard = total // self.world_size
         param_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
         grad_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
-        param_views, grad_views = [], []
+        param_ptrs, grad_views = [], []
         for (_, p), offset in zip(members, offsets):
             pv = param_flat[offset : offset + p.numel()].view(p.shape)
             gv = grad_flat[offset : offset + p.numel()].view(p.shape)
@@ -295,7 +295,7 @@ class ShardedAdamW(torch.optim.Optimizer):
                 gv.copy_(p.grad)
             p.data = pv  # the parameter now lives in the bucket; its old storage is released
             p.grad = gv
-            param_views.append(pv)
+            param_ptrs.append(pv.data_ptr())
             grad_views.append(gv)
         lo, hi = self.rank * shard, (self.rank + 1) * shard
         return _Bucket(
@@ -307,7 +307,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             offsets=offsets,
             param_flat=param_flat,
             grad_flat=grad_flat,
-            param_views=param_views,
+            param_ptrs=param_ptrs,
             grad_views=grad_views,
             shard_numel=shard,
             param_shard=param_flat[lo:hi],
@@ -324,21 +324,20 @@ class ShardedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._collect_grads()
-        self._run(communicate=True, update=True)
+        self._run(collect=True, communicate=True, update=True)
         return loss
 
     @torch.no_grad()
     def communicate_only(self) -> None:
         """For measuring the communication / compute split: the step's reduce-scatters and
         all-gathers, in the step's order, without the update. Not an optimizer step."""
-        self._run(communicate=True, update=False)
+        self._run(collect=False, communicate=True, update=False)
 
     @torch.no_grad()
     def update_only(self) -> None:
         """For measuring the split: the update kernel on every shard, no communication. Not an
         optimizer step (it uses whatever the grad shards hold)."""
-        self._run(communicate=False, update=True)
+        self._run(collect=False, communicate=False, update=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the gradient buckets in place, whatever ``set_to_none`` says: the grads are views
@@ -348,38 +347,47 @@ class ShardedAdamW(torch.optim.Optimizer):
             for p, gv in zip(b.params, b.grad_views):
                 p.grad = gv
 
-    def _collect_grads(self) -> None:
-        """Host-side checks only (pointers, no device sync): re-point grads that are not views into
-        the buckets, copying them in with one foreach launch per kind."""
+    def _collect_grads(self, b: _Bucket) -> None:
+        """Makes bucket ``b``'s grad buffer hold the params' grads. Host-side pointer checks only
+        (no device sync); a grad that is not the bucket's view (a new tensor, or None) is copied in
+        (zeroed) with one foreach launch and the view put back in its place. Done bucket by bucket
+        just before that bucket's reduce-scatter, so the checks of bucket b+1 overlap the
+        communication of bucket b."""
         copy_dst, copy_src, zero = [], [], []
-        for b in self._buckets:
-            for p, pv, gv, i in zip(b.params, b.param_views, b.grad_views, b.param_indices):
-                if p.data_ptr() != pv.data_ptr() or p.shape != pv.shape:
-                    raise RuntimeError(
-                        f"ShardedAdamW: {self._param_name(i)} no longer lives in the optimizer's flat "
-                        "bucket (its .data was replaced, e.g. by .to(), .half() or a new tensor); build "
-                        "the optimizer after moving or converting the model"
-                    )
-                g = p.grad
-                if g is None:
-                    zero.append(gv)
-                    p.grad = gv
-                elif g.data_ptr() != gv.data_ptr() or g.stride() != gv.stride():
-                    copy_dst.append(gv)
-                    copy_src.append(g)
-                    p.grad = gv
+        for p, ptr, gv, i in zip(b.params, b.param_ptrs, b.grad_views, b.param_indices):
+            if p.data_ptr() != ptr:
+                raise RuntimeError(
+                    f"ShardedAdamW: {self._param_name(i)} no longer lives in the optimizer's flat "
+                    "bucket (its .data was replaced, e.g. by .to(), .half() or a new tensor); build "
+                    "the optimizer after moving or converting the model"
+                )
+            g = p.grad
+            if g is gv:  # the common case: backward accumulated into the view
+                continue
+            if g is None:
+                zero.append(gv)
+            elif g.data_ptr() != gv.data_ptr() or g.stride() != gv.stride():
+                copy_dst.append(gv)
+                copy_src.append(g)
+            p.grad = gv
         if copy_dst:
             torch._foreach_copy_(copy_dst, copy_src)
         if zero:
             torch._foreach_zero_(zero)
 
-    def _run(self, *, communicate: bool, update: bool) -> None:
+    def _run(self, *, collect: bool, communicate: bool, update: bool) -> None:
         if self.world_size == 1 or not communicate:
-            if update:
-                for b in self._buckets:
+            for b in self._buckets:
+                if collect:
+                    self._collect_grads(b)
+                if update:
                     self._update(b)
             return
-        reductions = [self._start_reduce_scatter(b) for b in self._buckets]
+        reductions = []
+        for b in self._buckets:
+            if collect:
+                self._collect_grads(b)
+            reductions.append(self._start_reduce_scatter(b))
         gathers = []
         for b, work in zip(self._buckets, reductions):
             self._wait(work, "reduce-scatter", b)
