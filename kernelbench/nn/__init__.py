@@ -14,6 +14,7 @@ _EXPORTS = {
     "RMSNorm": "kernelbench.nn.rmsnorm",
     "rms_norm": "kernelbench.nn.rmsnorm",
     "apply_rotary": "kernelbench.nn.rotary",
+    "apply_rotary_": "kernelbench.nn.rotary",
 }
 
 __all__ = list(_EXPORTS)
