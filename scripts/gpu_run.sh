@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: runs the named steps and leaves everything in $OUT/evidence.tgz
+# (report folders, logs), so a call that is cut off still returns what it measured.
+#
+#   scripts/gpu_run.sh env selfcheck gputests ci          # steps run in the order given
+#   scripts/gpu_run.sh "kb:run rmsnorm -w sweep-n256-bf16" # any kernelbench command; its report
+#                                                          # folder is named after the step
+# Peer packages (adam-mini, liger-kernel, adafactor8bit) travel as wheels in .whl/ (carried).
+set -uo pipefail
+OUT=${OUT:-/tmp/kb-out}
+WORK=/tmp/kb
+mkdir -p "$OUT" "$WORK/reports" "$WORK/logs"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+pack() { tar czf "$OUT/evidence.tgz" -C "$WORK" reports logs 2>/dev/null; }
+trap pack EXIT
+
+run_step() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date -u +%H:%M:%S))"
+  timeout "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+  local rc=$?
+  echo "--- $name exit $rc"
+  tail -n 25 "$WORK/logs/$name.log"
+}
+
+n=0
+for step in "$@"; do
+  n=$((n + 1))
+  case "$step" in
+    env) run_step env 120 python3 -m kernelbench env --json ;;
+    selfcheck) run_step selfcheck 300 python3 scripts/timing_selfcheck.py ;;
+    gputests) run_step gputests 500 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -x ;;
+    gputests:*) run_step "gputests-$n" 500 python3 -m pytest -m gpu ${step#gputests:} -q -p no:cacheprovider ;;
+    ci) run_step ci 550 python3 -m kernelbench run --config configs/ci.toml --output-dir "$WORK/reports/ci" ;;
+    kb:*)
+      name="step$n-$(echo "${step#kb:}" | tr -cs 'A-Za-z0-9' '-' | cut -c1-60)"
+      # shellcheck disable=SC2086
+      run_step "$name" 550 python3 -m kernelbench ${step#kb:} --output-dir "$WORK/reports/$name" ;;
+    py:*) run_step "step$n-py" 550 python3 ${step#py:} ;;
+    *) echo "unknown step $step" ;;
+  esac
+  pack
+done
