@@ -1,0 +1,669 @@
+"""Adam-mini (arXiv 2406.16793) with fused Triton kernels and fp32 / bf16 / fp8 first-moment state.
+
+Math, for each *block* B of a parameter (a row, an attention head, or the whole tensor; see the
+partition below) with |B| elements and step t:
+
+    vmean_B = beta2 * vmean_B + (1 - beta2) * mean_{i in B}(g_i^2)      (one value per block)
+    p       = p * (1 - lr * wd)
+    m       = lerp(m, g, 1 - beta1)
+    h_B     = sqrt(vmean_B) / sqrt(1 - beta2^t) + eps
+    p       = p - lr * m * ((1 / (1 - beta1^t)) / h_B)
+
+A block of one element is Adam (used for biases, state key ``v`` as in the official code).
+
+Partition (the official adam-mini 1.1.1's, tested in its order on the lower-cased name, after
+any user ``rules``): ``bias`` -> Adam; ``q_proj k_proj wq wk query key`` -> one block per head of
+``dim * dim / n_heads`` elements; ``embed embd wte``, ``lm_head output final_layer``,
+``v_proj wv value``, ``o_proj wo attn.proj``, ``feed_forward linear mlp`` -> one block per row;
+names with ``norm`` or ``ln`` -> one block per tensor. Names matching none of these fall back to
+structure: 2-D -> one block per row, otherwise one per tensor. No weight decay on names containing
+``norm``, ``ln`` or ``bias`` (as the official code). ``partition_report()`` lists every decision.
+
+Kernels. Every block is a contiguous run of the flattened parameter, so a launch takes all
+parameters of a group that share a block length L (a compile-time constant, so loads vectorise):
+* L <= 4096 (rows, norms, biases): one pass. A program holds ROWS whole blocks (ROWS * L <= 4096
+  elements) in registers: it reads g, reduces mean(g^2) per block, updates vmean, then reads p and
+  m and writes them. 20 bytes per parameter in fp32 (read p, g, m; write p, m).
+* L > 4096 (attention heads: 65536 elements in llama-468m): one program per block, two passes
+  over it in 4096-element chunks (the first reads g for the mean, the second updates), so g is
+  read twice: 24 bytes per parameter.
+
+State dtypes. ``fp32``: m in fp32. ``bf16``: m in bf16 (round to nearest). ``fp8``: m in
+float8_e4m3fn with one fp32 scale per *scale block* = the Adam-mini block when it fits one
+program (a row, a norm), or each 4096-element chunk of a longer block (a head); the scale is
+amax(|m|) / 448 of that scale block at the step it is written, so the largest element maps to
+e4m3's largest finite value. fp8 rounding is done in fp32 arithmetic (round-to-nearest-even onto
+the e4m3 grid) and then cast, which is exact; this gives the same bits on the GPU and in the
+Triton interpreter (whose own fp32->fp8 cast mis-rounds across binade boundaries). Adam blocks
+(biases) keep m in bf16 under ``fp8``: a per-element scale would cost more than it saves. vmean
+is always fp32. The update of a step uses the unrounded new m; only the stored m is rounded.
+fp8 needs sm_89+ on the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16
+with one warning naming the reason. In the interpreter (CPU) fp8 runs as described above.
+
+Telemetry. Each program writes max|update| and max|m| of its elements to a small device buffer
+every step (no host sync); ``telemetry()`` reduces them per parameter on demand.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_utils import (
+    check_device_supported,
+    check_param_and_grad,
+    f64_bits,
+    log_or_neg_inf,
+    refuse_rebuild_while_capturing,
+    upload_int64,
+)
+from .adamw import reciprocal_in_fp64
+
+STATE_DTYPES = ("fp32", "bf16", "fp8")
+KINDS = ("adam", "head", "row", "tensor")
+# Elements one program holds in registers: 16 per thread at 8 warps (four 16-byte fp32 vectors
+# per stream per thread), the same trade-off as TritonAdamW's block.
+TILE = 4096
+NUM_WARPS = 8
+E4M3_MAX = 448.0
+
+_WHO = "AdamMini"
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+_M_FP32, _M_BF16, _M_FP8 = 0, 1, 2
+E4M3_MAX_C = tl.constexpr(E4M3_MAX)
+_ADDRESS_COLUMNS = 6  # param, grad, m, m scale, vmean, step
+
+
+# ---------------------------------------------------------------------------------------------
+# Partition
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """An extra partition rule, tested before the built-in ones, in the order given.
+
+    contains: substring of the lower-cased parameter name.
+    kind: "adam" (one second moment per element), "head" (blocks of dim*dim/n_heads elements),
+        "row" (one per index of dim 0), "tensor" (one per tensor).
+    weight_decay: True / False to force, None for the default (none on norm / ln / bias names).
+    """
+
+    contains: str
+    kind: str
+    weight_decay: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Rule({self.contains!r}): kind {self.kind!r} is not one of {', '.join(KINDS)}.")
+
+
+# The official adam-mini 1.1.1 name sets, in the order its step() tests them.
+_OFFICIAL_RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("adam", ("bias",), "bias term: full Adam"),
+    ("head", ("k_proj", "q_proj", "wq", "wk", "query", "key"), "query/key: one block per head"),
+    ("row", ("embed", "embd", "wte"), "embedding: one block per token (row)"),
+    ("row", ("lm_head", "output", "final_layer"), "output layer: one block per token (row)"),
+    ("row", ("v_proj", "wv", "value"), "value: one block per output neuron (row)"),
+    ("row", ("o_proj", "wo", "attn.proj"), "attention output: one block per output neuron (row)"),
+    ("row", ("feed_forward", "linear", "mlp"), "MLP: one block per output neuron (row)"),
+    ("tensor", ("norm", "ln"), "norm: one block per tensor"),
+)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    kind: str
+    block_len: int
+    n_blocks: int
+    weight_decay: bool
+    reason: str
+
+
+def partition_param(name: str, param: torch.Tensor, *, dim: int, n_heads: int,
+                    rules: Sequence[Rule] = ()) -> Partition:
+    lname = name.lower()
+    default_decay = not ("norm" in lname or "ln" in lname or "bias" in lname)
+    kind, reason, decay = None, "", default_decay
+    for rule in rules:
+        if rule.contains in lname:
+            kind, reason = rule.kind, f"user rule contains={rule.contains!r}"
+            decay = default_decay if rule.weight_decay is None else rule.weight_decay
+            break
+    if kind is None:
+        for rule_kind, needles, why in _OFFICIAL_RULES:
+            hit = next((n for n in needles if n in lname), None)
+            if hit is not None:
+                kind, reason = rule_kind, f"name contains {hit!r}: {why}"
+                break
+    if kind is None:
+        kind = "row" if param.dim() == 2 else "tensor"
+        reason = ("unrecognised name, 2-D: one block per row" if kind == "row"
+                  else f"unrecognised name, {param.dim()}-D: one block per tensor")
+    numel = param.numel()
+    if kind == "head":
+        head_numel = dim * dim // n_heads
+        if head_numel <= 0 or numel % head_numel != 0:
+            kind, reason = ("row" if param.dim() >= 2 else "tensor"), (
+                f"{reason}, but numel {numel} is not a multiple of dim*dim/n_heads = {head_numel}; "
+                "fell back to structure")
+        else:
+            return Partition(name, kind, head_numel, numel // head_numel, decay, reason)
+    if kind == "row" and param.dim() < 2:
+        kind, reason = "tensor", f"{reason}, but the parameter is {param.dim()}-D: one block per tensor"
+    if kind == "row":
+        return Partition(name, kind, numel // param.shape[0], param.shape[0], decay, reason)
+    if kind == "adam":
+        return Partition(name, kind, 1, numel, decay, reason)
+    return Partition(name, "tensor", numel, 1, decay, reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr):
+    """New step, 1/(1-beta1^t) and 1/sqrt(1-beta2^t) as fp32, computed in fp64 as the official
+    code does on the host."""
+    new_step = tl.load(step_ptr) + 1.0
+    t = new_step.to(tl.float64)
+    log_beta1 = log_beta1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    log_beta2 = log_beta2_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    inv_bc1 = (1.0 / (1.0 - tl.exp(t * log_beta1))).to(tl.float32)
+    bc2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
+    if INV_BC2_FP64:
+        inv_bc2_sqrt = (1.0 / bc2_sqrt).to(tl.float32)
+    else:
+        inv_bc2_sqrt = tl.div_rn(1.0, bc2_sqrt.to(tl.float32))
+    return new_step, inv_bc1, inv_bc2_sqrt
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """Round fp32 to the nearest float8_e4m3fn value (ties to even), kept in fp32, clamped to
+    +-448. Exponent from the bits; the quotient by the grid spacing has magnitude < 16, so adding
+    and subtracting 1.5 * 2^23 rounds it to an integer in round-to-nearest-even arithmetic."""
+    bits = x.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the spacing of the lowest binade
+    spacing = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_spacing = ((127 - (exponent - 3)) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23
+    rounded = ((x * inv_spacing + magic) - magic) * spacing  # both scalings are exact powers of two
+    # keep the sign of values that round to zero (-0.0), as a cast would
+    rounded = (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+    rounded = tl.maximum(rounded, -E4M3_MAX_C, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(rounded, E4M3_MAX_C, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _load_m(m_ptr, scale, mask, M_KIND: tl.constexpr):
+    m = tl.load(m_ptr, mask=mask, other=0.0).to(tl.float32)
+    if M_KIND == 2:
+        m = m * scale
+    return m
+
+
+@triton.jit
+def _store_m(m_ptr, m, mask, M_KIND: tl.constexpr, REDUCE_AXIS: tl.constexpr):
+    """Stores m in its state dtype; for fp8 returns the scale(s) used (amax / 448 along
+    REDUCE_AXIS), else 1.0."""
+    if M_KIND == 2:
+        amax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=REDUCE_AXIS)
+        scale = tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0)
+        if REDUCE_AXIS == 1:
+            q = _round_to_e4m3(tl.div_rn(m, scale[:, None]))
+        else:
+            q = _round_to_e4m3(tl.div_rn(m, scale))
+        tl.store(m_ptr, q.to(tl.float8e4nv), mask=mask)
+    else:
+        scale = 1.0
+        tl.store(m_ptr, m.to(m_ptr.dtype.element_ty), mask=mask)
+    return scale
+
+
+@triton.jit
+def _finish_step(step_ptr, done_ptr, new_step, n_programs):
+    """As in TritonAdamW: the last program of a tensor writes its new step (atomic ticket)."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(done_ptr, 1, sem="acq_rel")
+    if ticket == n_programs - 1:
+        tl.store(step_ptr, new_step)
+        tl.store(done_ptr, 0)
+
+
+@triton.jit
+def _tensor_entry(table_ptr, n_tensors, ALIGNED: tl.constexpr, DTYPE: tl.constexpr, M_DTYPE: tl.constexpr):
+    """This program's tensor and its pointers, from the launch table."""
+    pid = tl.program_id(0)
+    tensor = tl.load(table_ptr + 8 * n_tensors + pid)
+    row = table_ptr + tensor
+    p_addr = tl.load(row)
+    g_addr = tl.load(row + n_tensors)
+    m_addr = tl.load(row + 2 * n_tensors)
+    if ALIGNED:
+        p_addr = tl.multiple_of(p_addr, 16)
+        g_addr = tl.multiple_of(g_addr, 16)
+        m_addr = tl.multiple_of(m_addr, 16)
+    scale_ptr = tl.load(row + 3 * n_tensors).to(tl.pointer_type(tl.float32))
+    vmean_ptr = tl.load(row + 4 * n_tensors).to(tl.pointer_type(tl.float32))
+    step_ptr = tl.load(row + 5 * n_tensors).to(tl.pointer_type(tl.float32))
+    n_blocks = tl.load(row + 6 * n_tensors)
+    first_program = tl.load(row + 7 * n_tensors)
+    return (tensor, pid - first_program, p_addr.to(tl.pointer_type(DTYPE)), g_addr.to(tl.pointer_type(DTYPE)),
+            m_addr.to(tl.pointer_type(M_DTYPE)), scale_ptr, vmean_ptr, step_ptr, n_blocks)
+
+
+@triton.jit
+def _adam_mini_rows_kernel(
+    table_ptr,  # int64 [8 * n_tensors addresses and sizes | n_programs tensor ids]
+    done_ptr,  # int32 [n_tensors] ticket counters (0 between launches)
+    telemetry_ptr,  # fp32 [2, n_programs]: max|update|, max|m| of each program
+    n_tensors, n_programs,
+    lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, rounded on the host as torch would
+    log_beta1_bits, log_beta2_bits,  # int64: fp64 bit patterns
+    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
+    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block (shared by every tensor of the launch)
+    COLS: tl.constexpr,  # BLOCK_LEN rounded up to a power of two
+    ROWS: tl.constexpr,  # blocks per program
+    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr,
+):
+    tensor, local, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
+        table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
+    new_step, inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+
+    rows = local * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_blocks
+    cols = tl.arange(0, COLS)
+    offs = rows[:, None] * BLOCK_LEN + cols[None, :]
+    if COLS == BLOCK_LEN:
+        mask = row_mask[:, None]  # constant along a row, so loads stay vectorised
+    else:
+        mask = row_mask[:, None] & (cols < BLOCK_LEN)[None, :]
+
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean_sq = tl.sum(g * g, axis=1) * (1.0 / BLOCK_LEN)
+    vmean = tl.load(vmean_ptr + rows, mask=row_mask, other=0.0)
+    vmean = tl.fma(sq_weight, mean_sq, vmean * beta2)
+    tl.store(vmean_ptr + rows, vmean, mask=row_mask)
+    h = tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps
+    step_size = tl.div_rn(inv_bc1, h)
+
+    if M_KIND == 2:
+        old_scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)[:, None]
+    else:
+        old_scale = 1.0
+    m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    p = p * decay
+    diff = g - m
+    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+    update = (m * step_size[:, None]) * lr
+    p = p - update
+    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
+    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 1)
+    if M_KIND == 2:
+        tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+    pid = tl.program_id(0)
+    tl.store(telemetry_ptr + pid, tl.max(tl.max(tl.where(mask, tl.abs(update), 0.0), axis=1), axis=0))
+    tl.store(telemetry_ptr + n_programs + pid, tl.max(tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1), axis=0))
+    _finish_step(step_ptr, done_ptr + tensor, new_step, tl.cdiv(n_blocks, ROWS))
+
+
+@triton.jit
+def _adam_mini_chunked_kernel(
+    table_ptr, done_ptr, telemetry_ptr,  # as in _adam_mini_rows_kernel
+    n_tensors, n_programs,
+    lr, decay, lerp_weight, beta2, sq_weight, eps,
+    log_beta1_bits, log_beta2_bits,
+    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
+    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block, > CHUNK
+    CHUNK: tl.constexpr,  # elements per loop iteration; also the fp8 scale block
+    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr,
+):
+    tensor, block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
+        table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
+    new_step, inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    n_chunks: tl.constexpr = (BLOCK_LEN + CHUNK - 1) // CHUNK
+    base = block * BLOCK_LEN
+    lanes = tl.arange(0, CHUNK)
+
+    # Pass 1: mean of g^2 over the block.
+    acc = tl.zeros([CHUNK], dtype=tl.float32)
+    for c in range(0, BLOCK_LEN, CHUNK):
+        mask = (c + lanes) < BLOCK_LEN
+        g = tl.load(g_ptr + base + c + lanes, mask=mask, other=0.0).to(tl.float32)
+        acc += g * g
+    mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
+    vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+    tl.store(vmean_ptr + block, vmean)
+    step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
+
+    # Pass 2: the update, chunk by chunk.
+    max_update = tl.zeros([CHUNK], dtype=tl.float32)
+    max_m = tl.zeros([CHUNK], dtype=tl.float32)
+    for c in range(0, BLOCK_LEN, CHUNK):
+        offs = base + c + lanes
+        mask = (c + lanes) < BLOCK_LEN
+        scale_slot = scale_ptr + block * n_chunks + c // CHUNK
+        if M_KIND == 2:
+            old_scale = tl.load(scale_slot)
+        else:
+            old_scale = 1.0
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        p = p * decay
+        diff = g - m
+        m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+        update = (m * step_size) * lr
+        p = p - update
+        tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
+        scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0)
+        if M_KIND == 2:
+            tl.store(scale_slot, scale)
+        max_update = tl.maximum(max_update, tl.where(mask, tl.abs(update), 0.0))
+        max_m = tl.maximum(max_m, tl.where(mask, tl.abs(m), 0.0))
+
+    pid = tl.program_id(0)
+    tl.store(telemetry_ptr + pid, tl.max(max_update, axis=0))
+    tl.store(telemetry_ptr + n_programs + pid, tl.max(max_m, axis=0))
+    _finish_step(step_ptr, done_ptr + tensor, new_step, n_blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# References (pure PyTorch)
+# ---------------------------------------------------------------------------------------------
+def round_to_e4m3_ref(x: torch.Tensor) -> torch.Tensor:
+    """What the kernels store for fp8: x rounded to float8_e4m3fn (nearest, ties to even),
+    clamped to +-448 (torch's cast, used as the reference for _round_to_e4m3)."""
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def adam_mini_block_ref(p, g, m, vmean, step, *, block_len, lr, beta1, beta2, eps, weight_decay,
+                        state_dtype="fp32", scale_block=None):
+    """One Adam-mini step of one parameter in fp32 PyTorch, with the kernels' state rounding.
+    p, g: flat fp32; m: flat fp32 (dequantised); vmean: [n_blocks]; step: the new step (int).
+    Returns (p, m_stored, vmean, m_new_unrounded)."""
+    gb = g.view(-1, block_len)
+    vmean = vmean * beta2 + (1 - beta2) * (gb * gb).mean(dim=1)
+    h = vmean.sqrt() / math.sqrt(1 - beta2**step) + eps
+    step_size = (1 / (1 - beta1**step)) / h
+    p = p * (1 - lr * weight_decay)
+    m_new = torch.lerp(m, g, 1 - beta1)
+    p = p - (m_new.view(-1, block_len) * step_size[:, None]).view(-1) * lr
+    if state_dtype == "bf16":
+        m_stored = m_new.to(torch.bfloat16).float()
+    elif state_dtype == "fp8":
+        blocks = m_new.view(-1, scale_block)
+        amax = blocks.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        m_stored = (round_to_e4m3_ref(blocks / scale).float() * scale).view(-1)
+    else:
+        m_stored = m_new
+    return p, m_stored, vmean, m_new
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer
+# ---------------------------------------------------------------------------------------------
+class _LaunchPlan:
+    """Table, tickets and telemetry buffer of one launch: params of one group, dtype, block
+    length and state dtype."""
+
+    def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
+                 states: list[dict], parts: list[Partition], m_kind: int) -> None:
+        device = params[0].device
+        block_len = parts[0].block_len
+        self.key = key
+        self.block_len = block_len
+        self.chunked = block_len > TILE
+        self.cols = triton.next_power_of_2(block_len)
+        self.rows = 1 if self.chunked else max(1, TILE // self.cols)
+        self.m_kind = m_kind
+        columns: list[list[int]] = [[] for _ in range(_ADDRESS_COLUMNS)]
+        n_blocks, first_programs, program_tensor = [], [], []
+        self.program_ranges = []
+        for i, (p, g, s, part) in enumerate(zip(params, grads, states, parts)):
+            m = s["m_fp8"] if m_kind == _M_FP8 else s["m"]
+            scale = s["m_scale"] if m_kind == _M_FP8 else s["step"]  # any valid address when unused
+            vmean = s["v"] if part.kind == "adam" else s["vmean"]
+            for column, t in zip(columns, (p, g, m, scale, vmean, s["step"])):
+                column.append(t.data_ptr())
+            programs = part.n_blocks if self.chunked else triton.cdiv(part.n_blocks, self.rows)
+            n_blocks.append(part.n_blocks)
+            first_programs.append(len(program_tensor))
+            self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
+            program_tensor.extend([i] * programs)
+        self.params = params
+        self.n_tensors = len(params)
+        self.n_programs = len(program_tensor)
+        self.aligned = all(a % 16 == 0 for column in columns[:3] for a in column)
+        self.table = upload_int64([a for c in columns for a in c] + n_blocks + first_programs + program_tensor, device)
+        self.done = torch.zeros(self.n_tensors, dtype=torch.int32, device=device)
+        self.telemetry = torch.zeros(2, self.n_programs, dtype=torch.float32, device=device)
+
+
+class AdamMini(torch.optim.Optimizer):
+    """Adam-mini with the official 1.1.1 constructor and partition, fused Triton kernels, and a
+    choice of first-moment state dtype.
+
+    ``named_parameters``: an iterable of (name, parameter), e.g. ``model.named_parameters()``.
+    Parameters are put into two param groups, ``decay`` and ``no_decay`` (each with lr, betas,
+    eps, weight_decay, so LR schedulers work). Parameters and gradients must be contiguous
+    (blocks are runs of the flattened tensor); anything else is a clear error.
+
+    State per parameter: ``step`` (0-d fp32 on the device), ``vmean`` (``v`` for Adam blocks),
+    and ``m`` (fp32 / bf16; the official shapes: (n_heads, head_numel) for q/k) or, for fp8,
+    ``m_fp8`` plus ``m_scale`` (one fp32 per scale block).
+    """
+
+    def __init__(
+        self,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        dim: int = 2048,
+        n_heads: int = 32,
+        n_kv_heads: int | None = None,
+        state_dtype: str = "fp32",
+        rules: Sequence[Rule] | None = None,
+    ) -> None:
+        if isinstance(lr, torch.Tensor):
+            raise TypeError(f"{_WHO}: lr must be a Python float, got a Tensor.")
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid betas: {betas}; each must be in [0, 1).")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if n_kv_heads is not None and n_heads % n_kv_heads != 0:
+            raise ValueError(f"{_WHO}: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}).")
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"{_WHO}: state_dtype {state_dtype!r} is not one of {', '.join(STATE_DTYPES)}.")
+        self.dim, self.n_heads = dim, n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.rules = tuple(rules or ())
+        named = list(named_parameters)
+        if not named or not all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                                for item in named):
+            raise TypeError(f"{_WHO}: named_parameters must be a non-empty iterable of (name, parameter) "
+                            "pairs, e.g. model.named_parameters().")
+        named = [(n, p) for n, p in named if p.requires_grad]
+        self._parts = {id(p): partition_param(n, p, dim=dim, n_heads=n_heads, rules=self.rules) for n, p in named}
+        self._names = {id(p): n for n, p in named}
+        groups = []
+        for group_name, decayed in (("decay", True), ("no_decay", False)):
+            params = [p for _, p in named if self._parts[id(p)].weight_decay == decayed]
+            if params:
+                groups.append({"params": params, "name": group_name,
+                               "weight_decay": weight_decay if decayed else 0.0})
+        super().__init__(groups, dict(lr=float(lr), betas=(float(betas[0]), float(betas[1])), eps=eps,
+                                      weight_decay=weight_decay))
+        device = named[0][1].device
+        self.state_dtype = _resolve_state_dtype(state_dtype, device)
+        self._plans: dict[tuple, _LaunchPlan] = {}
+
+    # -- reports --------------------------------------------------------------------------------
+    def partition_report(self) -> list[dict[str, Any]]:
+        """One row per parameter: name, shape, kind, block length, number of blocks, weight
+        decay, m dtype, and the reason for the partition."""
+        rows = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                part = self._parts[id(p)]
+                rows.append(dict(name=part.name, shape=tuple(p.shape), kind=part.kind, block_len=part.block_len,
+                                 n_blocks=part.n_blocks, weight_decay=group["weight_decay"],
+                                 m_dtype=self._m_dtype_name(part), reason=part.reason))
+        return rows
+
+    def telemetry(self) -> dict[str, dict[str, Any]]:
+        """Per parameter, from the last step: max |update| and max |m| (0-d device tensors, no
+        sync here), the m state dtype, and for fp8 the largest and smallest scale."""
+        report = {}
+        for plan in self._plans.values():
+            for p, (start, end) in zip(plan.params, plan.program_ranges):
+                part = self._parts[id(p)]
+                entry = {"max_update": plan.telemetry[0, start:end].amax(),
+                         "max_m": plan.telemetry[1, start:end].amax(),
+                         "state_dtype": self._m_dtype_name(part)}
+                if "m_scale" in self.state[p]:
+                    entry["scale_max"] = self.state[p]["m_scale"].amax()
+                    entry["scale_min"] = self.state[p]["m_scale"].amin()
+                report[part.name] = entry
+        return report
+
+    def _m_dtype_name(self, part: Partition) -> str:
+        return "bf16" if (self.state_dtype == "fp8" and part.kind == "adam") else self.state_dtype
+
+    # -- state ----------------------------------------------------------------------------------
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The base class casts every floating state tensor to its parameter's dtype; Adam-mini's
+        state keeps its own dtypes (fp8 / bf16 m, fp32 vmean), so they are restored here."""
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params):
+            saved = state_dict["state"].get(saved_id)
+            if saved is None:
+                continue
+            for key, value in saved.items():
+                if isinstance(value, torch.Tensor):
+                    self.state[p][key] = value.to(device=p.device, copy=True)
+            self.state[p]["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).reshape(()).to(p.device).clone()
+        self._plans.clear()
+
+    def _init_state(self, p: torch.Tensor, part: Partition) -> dict:
+        state = self.state[p]
+        if state:
+            return state
+        device = p.device
+        state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+        m_shape = (part.n_blocks, part.block_len) if part.kind == "head" else p.shape
+        m_dtype = self._m_dtype_name(part)
+        if m_dtype == "fp8":
+            scale_blocks = part.n_blocks * (triton.cdiv(part.block_len, TILE) if part.block_len > TILE else 1)
+            state["m_fp8"] = torch.zeros(m_shape, dtype=torch.float8_e4m3fn, device=device)
+            state["m_scale"] = torch.ones(scale_blocks, dtype=torch.float32, device=device)
+        else:
+            state["m"] = torch.zeros(m_shape, dtype=torch.float32 if m_dtype == "fp32" else torch.bfloat16,
+                                     device=device)
+        if part.kind == "adam":
+            state["v"] = torch.zeros(p.shape, dtype=torch.float32, device=device)
+        elif part.kind == "tensor":
+            state["vmean"] = torch.zeros((), dtype=torch.float32, device=device)
+        else:
+            state["vmean"] = torch.zeros((part.n_blocks, 1), dtype=torch.float32, device=device)
+        return state
+
+    # -- step -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            launches: dict[tuple, list[torch.Tensor]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                part = self._parts[id(p)]
+                launches.setdefault((p.dtype, part.block_len, self._m_dtype_name(part)), []).append(p)
+            for (dtype, block_len, m_dtype), params in launches.items():
+                self._launch(index, group, dtype, block_len, m_dtype, params)
+        return loss
+
+    def _launch(self, index: int, group: dict, dtype: torch.dtype, block_len: int, m_dtype: str,
+                params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        for p, g in zip(params, grads):
+            if g.layout is not torch.strided:  # before data_ptr(), which sparse tensors lack
+                check_param_and_grad(self._label(p), p, g, p.device, _SUPPORTED_DTYPES, _WHO)
+        key = tuple(p.data_ptr() for p in params) + tuple(g.data_ptr() for g in grads)
+        plan_key = (index, dtype, block_len, m_dtype)
+        plan = self._plans.get(plan_key)
+        if plan is None or plan.key != key:
+            plan = self._plans[plan_key] = self._build_plan(key, params, grads, m_dtype)
+        lr = float(group["lr"])
+        beta1, beta2 = group["betas"]
+        scalars = (lr, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
+                   f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
+        common = dict(DTYPE=_TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[plan.m_kind], M_KIND=plan.m_kind,
+                      BLOCK_LEN=block_len, ALIGNED=plan.aligned,
+                      INV_BC2_FP64=reciprocal_in_fp64(params[0].device),
+                      num_warps=NUM_WARPS, enable_fp_fusion=False)
+        args = (plan.table, plan.done, plan.telemetry, plan.n_tensors, plan.n_programs) + scalars
+        if plan.chunked:
+            _adam_mini_chunked_kernel[(plan.n_programs,)](*args, CHUNK=TILE, **common)
+        else:
+            _adam_mini_rows_kernel[(plan.n_programs,)](*args, COLS=plan.cols, ROWS=plan.rows, **common)
+
+    def _label(self, p: torch.Tensor) -> str:
+        return f"parameter '{self._names[id(p)]}' ({'x'.join(map(str, p.shape)) or 'scalar'})"
+
+    def _build_plan(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor], m_dtype: str) -> _LaunchPlan:
+        refuse_rebuild_while_capturing(_WHO)
+        device = params[0].device
+        check_device_supported(device, _WHO)
+        states, parts = [], []
+        for p, g in zip(params, grads):
+            label = self._label(p)
+            check_param_and_grad(label, p, g, device, _SUPPORTED_DTYPES, _WHO)
+            if not p.is_contiguous() or not g.is_contiguous():
+                raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
+                                   "of the flattened tensor, so both must be contiguous (call .contiguous()).")
+            part = self._parts[id(p)]
+            states.append(self._init_state(p, part))
+            parts.append(part)
+        m_kind = {"fp32": _M_FP32, "bf16": _M_BF16, "fp8": _M_FP8}[m_dtype]
+        return _LaunchPlan(key, params, grads, states, parts, m_kind)
+
+
+_M_TL_DTYPE = {_M_FP32: tl.float32, _M_BF16: tl.bfloat16, _M_FP8: tl.float8e4nv}
+
+
+def _resolve_state_dtype(state_dtype: str, device: torch.device) -> str:
+    """fp8 falls back to bf16, with one warning naming why, where it cannot run."""
+    if state_dtype != "fp8":
+        return state_dtype
+    reason = None
+    if not hasattr(torch, "float8_e4m3fn"):
+        reason = f"this torch ({torch.__version__}) has no torch.float8_e4m3fn"
+    elif device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        reason = f"the GPU is sm_{major}{minor}; fp8 (e4m3) needs sm_89 or newer"
+    if reason is None:
+        return "fp8"
+    warnings.warn(f"{_WHO}: state_dtype='fp8' falls back to 'bf16' because {reason}.", RuntimeWarning, stacklevel=3)
+    return "bf16"
