@@ -219,7 +219,7 @@ def _parity(rank: int, world: int) -> dict:
 
 
 def _bad_peers(rank: int, world: int) -> dict:
-    """First the ranks disagree on a shape; then rank 1 leaves after construction."""
+    """The ranks disagree on a shape; rank 1 refuses an fp16 param; then rank 1 leaves."""
     from kernelbench.optim import ShardedAdamW
 
     outcome: dict = {"mismatch": "constructed without error", "dead_peer": None}
@@ -230,6 +230,15 @@ def _bad_peers(rank: int, world: int) -> dict:
         ShardedAdamW(_params(shapes=shapes))
     except ValueError as error:
         outcome["mismatch"] = str(error)
+
+    named = _params()
+    if rank == 1:  # a param its own checks refuse: the peer must not be left waiting
+        named[1] = ("bias", torch.nn.Parameter(named[1][1].detach().half()))
+    try:
+        ShardedAdamW(named)
+        outcome["refused"] = "constructed without error"
+    except (TypeError, ValueError) as error:
+        outcome["refused"] = f"{type(error).__name__}: {error}"
 
     opt = ShardedAdamW(_params(), bucket_bytes=BUCKET_BYTES)
     if rank == 1:
@@ -278,6 +287,11 @@ def test_ranks_disagreeing_on_params_fail_fast_naming_the_first_mismatch(two_ran
         message = r["mismatch"]
         assert "first mismatch" in message and "'proj'" in message, message
         assert "(33, 17)" in message and "(33, 18)" in message, message
+
+
+def test_a_rank_refusing_its_params_fails_every_rank(two_ranks):
+    assert two_ranks[1]["refused"].startswith("TypeError: ShardedAdamW: 'bias' is torch.float16"), two_ranks[1]
+    assert "ValueError: ShardedAdamW: rank 1 refused its parameters: ShardedAdamW: 'bias' is torch.float16" in two_ranks[0]["refused"], two_ranks[0]
 
 
 def test_a_dead_rank_makes_the_others_fail_clearly_within_the_timeout(two_ranks):

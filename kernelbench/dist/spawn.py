@@ -43,6 +43,10 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, collective_t
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    # NVLink multicast stays off on the GPU machines (NCCL's NVLS, torch's symmetric memory);
+    # NCCL reads these when its communicator is created, below.
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)

@@ -113,8 +113,10 @@ class ShardedAdamW(torch.optim.Optimizer):
             flat-tensor collectives). Name a mode to force it.
 
     Construction is collective (every rank must build it) and checks that the ranks agree on the
-    parameter list; ``step()``, ``consolidated_state_dict()`` and ``load_state_dict()`` are
-    collective too.
+    parameter list; ``step()`` and ``consolidated_state_dict()`` are collective too. The params
+    are taken to be replicated (equal on every rank, as after DDP's broadcast); should they differ,
+    the first step's all-gather makes them equal, each shard taking its owner's values.
+    Hyperparameters are read from ``param_groups`` at every step, so LR schedulers work.
     """
 
     def __init__(
@@ -157,10 +159,16 @@ class ShardedAdamW(torch.optim.Optimizer):
         self.bucket_bytes = bucket_bytes
 
         all_params = [p for group in self.param_groups for p in group["params"]]
-        self._check_params(all_params)
-        self.device = all_params[0].device
+        try:
+            self._check_params(all_params)
+            local_error = None
+        except (TypeError, ValueError) as error:
+            if self.world_size == 1:
+                raise
+            local_error = error  # raised after the exchange below, so no peer is left waiting
         if self.world_size > 1:
-            self._check_ranks_agree()
+            self._check_ranks_agree(local_error)
+        self.device = all_params[0].device
         self.comm = self._choose_comm(comm)
 
         from kernelbench.optim.adamw import adamw_step_flat  # defines Triton kernels: import late
@@ -223,12 +231,19 @@ class ShardedAdamW(torch.optim.Optimizer):
         entries.append(("number of params", index))
         return entries
 
-    def _check_ranks_agree(self) -> None:
-        mine = self._signature()
+    def _check_ranks_agree(self, local_error: Exception | None) -> None:
+        """One all_gather_object of every rank's signature (and of any error its own checks
+        raised); every rank then raises the same error, naming the first disagreement."""
+        mine = (self._signature(), None if local_error is None else str(local_error))
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, mine, group=self.process_group)
-        reference = gathered[0]
-        for rank, theirs in enumerate(gathered[1:], start=1):
+        if local_error is not None:
+            raise local_error
+        for rank, (_, error) in enumerate(gathered):
+            if error is not None:
+                raise ValueError(f"ShardedAdamW: rank {rank} refused its parameters: {error}")
+        reference = gathered[0][0]
+        for rank, (theirs, _) in enumerate(gathered[1:], start=1):
             for position in range(max(len(reference), len(theirs))):
                 ref_entry = reference[position] if position < len(reference) else ("(missing)", None)
                 their_entry = theirs[position] if position < len(theirs) else ("(missing)", None)
@@ -241,7 +256,9 @@ class ShardedAdamW(torch.optim.Optimizer):
                     )
 
     def _choose_comm(self, comm: str) -> str:
-        if self.world_size == 1 or comm != "auto":
+        if self.world_size == 1:
+            return "none"  # a single process: nothing to average
+        if comm != "auto":
             return comm
         if dist.get_backend(self.process_group) == "nccl":
             return "reduce-scatter-avg"
