@@ -92,6 +92,10 @@ def list_cmd(device: DeviceOpt = "auto",
             tags = ", ".join(f"{k}={v}" for k, v in cand.tags.items())
             table.add_row(op.name, cand.name, tags, role, runs, cand.doc)
     console.print(table)
+    from .ops import LOAD_ERRORS
+
+    for module, error in LOAD_ERRORS.items():
+        err_console.print(f"[bold red]op module kernelbench.ops.{module} failed to import:[/] {error}")
     if workloads:
         wt = Table(title="workloads", header_style="bold")
         for col in ("op", "workload", "tier", "modes", "seed"):

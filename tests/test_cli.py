@@ -154,3 +154,10 @@ def test_default_run_without_cuda_runs_the_cpu_suite(tmp_path):
     assert set(rows.op) >= {"adamw", "rmsnorm", "rotary", "muon-ns"}
     triton_times = rows[(rows.metric == "time_median_ms") & rows.candidate.str.startswith("triton")]
     assert (triton_times.status == "not-measured").all() and triton_times.value.isna().all()
+
+
+def test_every_op_module_imports():
+    from kernelbench.ops import LOAD_ERRORS, load_all
+
+    load_all()
+    assert LOAD_ERRORS == {}

@@ -9,12 +9,20 @@ from .base import REGISTRY, Candidate, Op, Requires, Tolerance, UsageError, Work
 
 _INFRASTRUCTURE = {"base", "function_op", "optimizer_op", "optim_workloads"}
 
+# Op modules that failed to import, by module name: one broken op must not take the CLI down
+# with it; `kernelbench list` shows these, and a test requires it to stay empty.
+LOAD_ERRORS: dict[str, str] = {}
+
 
 def load_all() -> dict[str, Op]:
     """Import every op module (discovery is automatic: add a file, it is found)."""
     for module in pkgutil.iter_modules(__path__):
-        if module.name not in _INFRASTRUCTURE and not module.name.startswith("_"):
+        if module.name in _INFRASTRUCTURE or module.name.startswith("_"):
+            continue
+        try:
             importlib.import_module(f"{__name__}.{module.name}")
+        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+            LOAD_ERRORS[module.name] = f"{type(exc).__name__}: {exc}"
     return REGISTRY
 
 
@@ -25,4 +33,4 @@ def get_op(name: str) -> Op:
     return ops[name]
 
 
-__all__ = ["REGISTRY", "Candidate", "Op", "Requires", "Tolerance", "UsageError", "Workload", "get_op", "load_all"]
+__all__ = ["LOAD_ERRORS", "REGISTRY", "Candidate", "Op", "Requires", "Tolerance", "UsageError", "Workload", "get_op", "load_all"]
