@@ -112,16 +112,23 @@ def test_compare_same_run_is_clean_and_a_slower_row_is_exit_3(tmp_path):
     same = invoke("compare", base, base, "--output-dir", tmp_path / "cmp")
     assert same.exit_code == 0, same.output
     assert (tmp_path / "cmp" / "compare.csv").is_file()
+    # Crafted rows: a quiet base (IQR 1% of the median) and the same row 3x slower.
+    rows = pd.read_csv(base / "results.csv")
+    is_median, is_iqr = rows.metric == "time_median_ms", rows.metric == "time_iqr_ms"
+    rows.loc[is_iqr, "value"] = rows.loc[is_median, "value"].to_numpy() * 0.01
+    rows.to_csv(base / "results.csv", index=False)
     slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "run.json").write_text((base / "run.json").read_text())
-    rows = pd.read_csv(base / "results.csv")
-    is_median = rows.metric == "time_median_ms"
     rows.loc[is_median, "value"] = rows.loc[is_median, "value"] * 3
     rows.to_csv(slow / "results.csv", index=False)
     result = invoke("compare", base, slow)
     assert result.exit_code == 3, result.output
     assert "regression" in result.output
+    noisy = rows.copy()
+    noisy.loc[is_iqr, "value"] = noisy.loc[is_median, "value"].to_numpy() * 5  # IQR 5x the median
+    noisy.to_csv(slow / "results.csv", index=False)
+    assert invoke("compare", base, slow).exit_code == 0  # a 3x change inside that noise is no verdict
 
 
 def test_compare_refuses_other_gpus_unless_forced(tmp_path):
