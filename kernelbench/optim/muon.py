@@ -1,0 +1,232 @@
+"""Muon: momentum, then Newton-Schulz orthogonalisation of the update, for 2-D weights; AdamW
+for everything else.
+
+Per 2-D parameter W (rows x cols) with gradient g, in this order:
+
+    buf    = lerp(buf, g, 1 - momentum)                    (an EMA of the gradients)
+    u      = lerp(g, buf, momentum) if nesterov else buf
+    O      = newton_schulz(u, ns_steps)                    (bf16 iteration, kernelbench.muon)
+    W      = W * (1 - lr * weight_decay)                   (decoupled weight decay)
+    W      = W - lr * sqrt(max(1, rows / cols)) * O
+
+Parameters that are not 2-D, and those in a group with ``use_muon=False`` (embeddings and the
+output head, by convention), take an AdamW step with the group's ``adamw_*`` hyperparameters,
+through kernelbench's TritonAdamW (one launch per group) where it can run, else torch's AdamW.
+
+Batching: 2-D parameters of one group with the same shape are orthogonalised together, as one
+(batch, rows, cols) Newton-Schulz call: 17 kernel launches per shape instead of per tensor. Their
+momentum buffers are slices of one (batch, rows, cols) tensor (``state[p]["momentum_buffer"]``
+is a view into it), so the stacked momentum needs no copy; the gradients are stacked once.
+No host synchronisation in ``step()`` (the finiteness check of newton_schulz is off here).
+
+``MuonReference`` is the same algorithm in plain PyTorch, one parameter at a time, with the
+iteration in torch bf16 matmuls and torch.optim.AdamW(foreach=False): the parity reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from kernelbench.muon import newton_schulz, newton_schulz_ref
+
+_MUON_DEFAULTS = dict(
+    lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5, ns_path="auto", use_muon=True,
+    adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0,
+)
+
+
+def muon_param_groups(named_params: Iterable[tuple[str, torch.Tensor]],
+                      adamw_names: Sequence[str] = ("embed", "head")) -> list[dict[str, Any]]:
+    """Two groups: the 2-D parameters for Muon, and for AdamW those whose name contains one of
+    ``adamw_names`` (embeddings, the output head) plus every parameter that is not 2-D."""
+    muon, adamw = [], []
+    for name, p in named_params:
+        to_adamw = p.dim() != 2 or any(fragment in name for fragment in adamw_names)
+        (adamw if to_adamw else muon).append(p)
+    groups = [{"params": muon, "use_muon": True}]
+    if adamw:
+        groups.append({"params": adamw, "use_muon": False})
+    return groups
+
+
+def update_scale(shape: torch.Size) -> float:
+    """sqrt(max(1, rows / cols)): tall matrices get a larger step (their O has smaller entries)."""
+    return math.sqrt(max(1.0, shape[0] / shape[1]))
+
+
+class _MuonBase(torch.optim.Optimizer):
+    """Hyperparameters, validation and the AdamW side shared by Muon and MuonReference."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        defaults = {**_MUON_DEFAULTS, **kwargs}
+        unknown = set(kwargs) - set(_MUON_DEFAULTS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown hyperparameters {sorted(unknown)}; "
+                            f"known: {sorted(_MUON_DEFAULTS)}")
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            self._check_group(group)
+        self._adamw: torch.optim.Optimizer | None = None
+        self._adamw_groups: list[int] = []  # index in param_groups of each AdamW inner group
+
+    def _check_group(self, group: dict) -> None:
+        for key in ("lr", "adamw_lr", "weight_decay", "adamw_weight_decay", "adamw_eps"):
+            if not isinstance(group[key], (int, float)) or group[key] < 0:
+                raise ValueError(f"{type(self).__name__}: {key} must be a number >= 0; got {group[key]!r}")
+        if not 0.0 <= group["momentum"] < 1.0:
+            raise ValueError(f"{type(self).__name__}: momentum must be in [0, 1); got {group['momentum']!r}")
+        if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
+            raise ValueError(f"{type(self).__name__}: ns_steps must be an int >= 1; got {group['ns_steps']!r}")
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_adamw"):
+            self._check_group(self.param_groups[-1])
+            self._adamw = None  # rebuilt with the new group at the next step
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._adamw = None
+
+    @staticmethod
+    def uses_muon(group: dict, p: torch.Tensor) -> bool:
+        return bool(group["use_muon"]) and p.dim() == 2
+
+    def _make_adamw(self, groups: list[dict]) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def _adamw_step(self) -> None:
+        if self._adamw is None:
+            inner_groups, self._adamw_groups = [], []
+            for index, group in enumerate(self.param_groups):
+                params = [p for p in group["params"] if not self.uses_muon(group, p)]
+                if params:
+                    inner_groups.append({"params": params})
+                    self._adamw_groups.append(index)
+            if not inner_groups:
+                return
+            self._adamw = self._make_adamw(inner_groups)
+            self._adamw.state = self.state  # one state dict: state_dict() and checkpoints see it all
+        for inner, index in zip(self._adamw.param_groups, self._adamw_groups):
+            group = self.param_groups[index]
+            inner.update(lr=float(group["adamw_lr"]), betas=tuple(group["adamw_betas"]),
+                         eps=group["adamw_eps"], weight_decay=group["adamw_weight_decay"])
+        self._adamw.step()
+
+
+def _triton_adamw_usable(params: list[torch.Tensor]) -> bool:
+    import os
+
+    try:
+        from kernelbench.optim.adamw import TritonAdamW  # noqa: F401
+    except ImportError:
+        return False
+    on_cuda = all(p.device.type == "cuda" for p in params)
+    return on_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class Muon(_MuonBase):
+    """Muon with kernelbench's Newton-Schulz kernels (see the module docstring).
+
+    Groups take ``lr``, ``momentum``, ``nesterov``, ``weight_decay``, ``ns_steps``, ``ns_path``
+    (``"auto"``, ``"classic"``, ``"hopper"``, ``"torch"``), ``use_muon`` and, for the AdamW side,
+    ``adamw_lr``, ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
+    ``muon_param_groups(model.named_parameters())`` makes the usual split.
+    ``adamw_backend`` names the AdamW used ("TritonAdamW" or "torch.optim.AdamW").
+    """
+
+    adamw_backend: str | None = None
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self._stacks: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._stacks.clear()  # loaded buffers are separate tensors: restacked at the next step
+
+    def _make_adamw(self, groups: list[dict]) -> torch.optim.Optimizer:
+        params = [p for g in groups for p in g["params"]]
+        if _triton_adamw_usable(params):
+            from kernelbench.optim.adamw import TritonAdamW
+
+            self.adamw_backend = "TritonAdamW"
+            return TritonAdamW(groups)
+        self.adamw_backend = "torch.optim.AdamW"
+        fused = all(p.device.type == "cuda" for p in params)
+        return torch.optim.AdamW(groups, fused=fused or None, foreach=False if not fused else None)
+
+    def _momentum_stack(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The (batch, rows, cols) momentum of ``params``, whose slices are their state buffers."""
+        key = tuple(id(p) for p in params)
+        stack = self._stacks.get(key)
+        buffers = [self.state[p].get("momentum_buffer") for p in params]
+        if stack is not None and all(b is not None and b.data_ptr() == stack[i].data_ptr()
+                                     for i, b in enumerate(buffers)):
+            return stack
+        stack = torch.stack([torch.zeros_like(p) if b is None else b for p, b in zip(params, buffers)])
+        for i, p in enumerate(params):
+            self.state[p]["momentum_buffer"] = stack[i]
+        self._stacks[key] = stack
+        return stack
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            buckets: dict[tuple, list[torch.Tensor]] = {}
+            for p in group["params"]:
+                if p.grad is not None and self.uses_muon(group, p):
+                    if p.grad.is_sparse:
+                        raise RuntimeError("Muon does not support sparse gradients")
+                    buckets.setdefault((p.shape, p.dtype, p.device), []).append(p)
+            lr, momentum = group["lr"], group["momentum"]
+            for (shape, _, _), params in buckets.items():
+                buf = self._momentum_stack(params)
+                grad = torch.stack([p.grad for p in params])
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp_(buf, momentum) if group["nesterov"] else buf
+                ortho = newton_schulz(update, group["ns_steps"], path=group["ns_path"], check_finite=False)
+                if group["weight_decay"]:
+                    torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+                torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-lr * update_scale(shape))
+        self._adamw_step()
+        return loss
+
+
+class MuonReference(_MuonBase):
+    """The same algorithm in plain PyTorch, one parameter at a time (the parity reference)."""
+
+    adamw_backend = "torch.optim.AdamW"
+
+    def _make_adamw(self, groups: list[dict]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(groups, foreach=False)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None or not self.uses_muon(group, p):
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                ortho = newton_schulz_ref(update.to(torch.bfloat16), group["ns_steps"]).to(p.dtype)
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(ortho, alpha=-lr * update_scale(p.shape))
+        self._adamw_step()
+        return loss
