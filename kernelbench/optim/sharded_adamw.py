@@ -575,7 +575,9 @@ class ShardedAdamW(torch.optim.Optimizer):
                 getattr(b, name).copy_(saved[name])
 
     def _load_consolidated(self, state_dict: dict[str, Any]) -> None:
-        saved_state = state_dict["state"]
+        # torch numbers params across groups in order; read the ids from the groups regardless.
+        saved_ids = [pid for saved in state_dict["param_groups"] for pid in saved["params"]]
+        saved_state = {i: state_dict["state"][pid] for i, pid in enumerate(saved_ids) if pid in state_dict["state"]}
         for b in self._buckets:
             steps = set()
             present = [i for i in b.param_indices if i in saved_state]
