@@ -89,6 +89,11 @@ class _MuonBase(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
+        # torch keeps a loaded 'step' tensor as given (shared with the source's state); AdamW
+        # increments it in place, so each optimizer gets its own copy.
+        for state in self.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
         self._adamw = None
 
     @staticmethod
