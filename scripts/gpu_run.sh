@@ -35,7 +35,7 @@ for step in "$@"; do
   case "$step" in
     env) run_step env 120 python3 -m kernelbench env --json ;;
     selfcheck) run_step selfcheck 300 python3 scripts/timing_selfcheck.py ;;
-    gputests) run_step gputests 500 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -x ;;
+    gputests) run_step gputests "${GPUTESTS_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rf ;;
     gputests:*) run_step "gputests-$n" 500 python3 -m pytest -m gpu ${step#gputests:} -q -p no:cacheprovider ;;
     ci) run_step ci 550 python3 -m kernelbench run --config configs/ci.toml --output-dir "$WORK/reports/ci" ;;
     kb:*)
