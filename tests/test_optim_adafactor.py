@@ -243,3 +243,27 @@ def test_state_that_does_not_fit_the_settings_is_refused():
     set_grads(p, 1)
     with pytest.raises(RuntimeError, match=r"parameter 0 \(70x65\).*quantize=False"):
         b.step()
+
+
+def test_kernels_read_only_constexpr_globals():
+    """Compiled Triton (the GPU) raises NameError for a global read inside @triton.jit unless it
+    is a tl.constexpr, another jit function or a module; the interpreter accepts anything, so
+    check every global the module's kernels and device helpers read, by their bytecode."""
+    import dis
+    import types
+
+    import triton.language as tl
+
+    from kernelbench.optim import adafactor as module
+
+    jitted = {name: obj for name, obj in vars(module).items() if hasattr(obj, "fn") and callable(obj.fn)}
+    assert "_factored_stats_kernel" in jitted and "_seed" in jitted
+    bad = []
+    for name, obj in jitted.items():
+        for ins in dis.get_instructions(obj.fn):
+            if ins.opname != "LOAD_GLOBAL" or ins.argval not in obj.fn.__globals__:
+                continue  # builtins (float, range) are handled by Triton's code generator
+            value = obj.fn.__globals__[ins.argval]
+            if not (isinstance(value, (tl.constexpr, types.ModuleType)) or ins.argval in jitted):
+                bad.append(f"{name} reads {ins.argval} = {value!r}")
+    assert not bad, "globals that compiled Triton rejects: " + "; ".join(bad)

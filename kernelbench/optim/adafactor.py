@@ -83,16 +83,21 @@ FLAT_BLOCKS = 8
 # Column-partial rows reduced per iteration in K2, and partial sums per iteration in K2 / K4.
 PART_ROWS = 64
 REDUCE_BLOCK = 256
-LOG2_SPAN = 40.0
+
+# Globals read inside @triton.jit functions must be tl.constexpr objects: compiled Triton refuses
+# any other global (NameError at compile time), although the interpreter accepts them.
+# tests/test_optim_adafactor.py::test_kernels_read_only_constexpr_globals checks this on the CPU.
+LOG2_SPAN = tl.constexpr(40.0)
 
 # Columns of the per-tensor int64 table (addresses are 0 where a tensor has no such state).
-_M_G, _M_P, _M_STEP, _M_V, _M_VR, _M_COL, _M_COLR, _M_M, _M_MS = 0, 1, 2, 3, 4, 5, 6, 7, 8
-_M_R, _M_C, _M_B, _M_ITEM0, _M_NITEMS, _M_COLPART, _M_ROWTMP, _M_COLTMP, _M_RMEAN, _M_SALT = range(9, 19)
-NMETA = 19
+_M_G, _M_P, _M_STEP, _M_V, _M_VR, _M_COL, _M_COLR, _M_M, _M_MS = (tl.constexpr(i) for i in range(9))
+_M_R, _M_C, _M_B, _M_ITEM0, _M_NITEMS, _M_COLPART, _M_ROWTMP, _M_COLTMP, _M_RMEAN, _M_SALT = (
+    tl.constexpr(i) for i in range(9, 19))
+NMETA = tl.constexpr(19)
 # Random streams for stochastic rounding (one per kind of state, so their noise is independent).
-_STREAM_ROW, _STREAM_COL, _STREAM_V, _STREAM_M = 0, 1, 2, 3
+_STREAM_ROW, _STREAM_COL, _STREAM_V, _STREAM_M = (tl.constexpr(i) for i in range(4))
 
-_TINY = 1e-38  # log2 of 0 is -inf; second-moment values are floored here before encoding
+_TINY = tl.constexpr(1e-38)  # log2 of 0 is -inf; second-moment values are floored here before encoding
 
 
 # ----------------------------------------------------------------------------------------------
@@ -835,7 +840,7 @@ class Adafactor8bit(torch.optim.Optimizer):
         dev = device
         plan = _Plan(
             key=key,
-            meta=upload_int64([v for row in meta_rows for v in row], dev).view(n_tensors, NMETA),
+            meta=upload_int64([v for row in meta_rows for v in row], dev).view(n_tensors, NMETA.value),
             items=upload_int64(items, dev).to(torch.int32).view(-1, 2),
             col_items=upload_int64(col_items, dev).to(torch.int32).view(-1, 2) if col_items else None,
             buckets=buckets, n_tensors=n_tensors, n_items=item_cursor, ws_floats=ws_floats, scal_off=scal_off,
