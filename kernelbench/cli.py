@@ -139,7 +139,7 @@ def _progress() -> Iterator:
 
 
 def _execute(verb: str, label: str, bench_entries, parity_entries, settings: dict, device: str,
-             output_dir: Optional[Path], seed: int) -> None:
+             output_dir: Optional[Path], seed: int, telemetry: bool = False) -> None:
     """Runs a plan into a report folder, prints the tables and exits with the right code."""
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device, run_benchmarks, run_parity
@@ -174,7 +174,8 @@ def _execute(verb: str, label: str, bench_entries, parity_entries, settings: dic
                 writer.set_ceilings(measure_ceilings(torch.cuda.current_device()).as_dict())
             if bench_plan:
                 summaries.append(run_benchmarks(bench_plan, dev, writer, timing=timing,
-                                                rounds=int(settings.get("rounds", 3)), on_progress=on_progress))
+                                                rounds=int(settings.get("rounds", 3)), telemetry=telemetry,
+                                                on_progress=on_progress))
             for entry, plan in parity_plans:
                 with _usage_errors():
                     summaries.append(run_parity(plan, dev, writer, steps=entry.steps, atol=entry.atol,
@@ -211,15 +212,24 @@ def run(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (A B A B ...) per workload.")] = 3,
     no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2", help="Keep L2 warm between reps (the report says so).")] = False,
     parity_steps: Annotated[int, typer.Option(help="With an op: also check parity over this many steps (0: no).")] = 0,
+    telemetry: Annotated[bool, typer.Option("--telemetry", help="Also record optimizer telemetry (adam-mini: max |update|, max |m|, fp8 scales) after the timed steps.")] = False,
+    nproc: Annotated[int, typer.Option("--nproc", help="dist-adamw only: ranks (GPUs) to start through torch.distributed.run.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="dist-adamw only: timed steps per rank.")] = 50,
     seed: SeedOpt = 0,
 ) -> None:
-    """Benchmark an op's candidates (or a suite) and write a report folder."""
+    """Benchmark an op's candidates (or a suite) and write a report folder.
+
+    `dist-adamw` is multi-process: `kernelbench run dist-adamw --nproc 2` starts the ranks through
+    torch.distributed.run and compares ShardedAdamW with all-reduce + torch fused AdamW."""
     from .config import Entry, configs_dir, load_suite
     from .harness.runner import resolve_device
 
     settings: dict = {}
     if op is not None and config is not None:
         raise _fail("give an op or --config, not both")
+    if op == DIST_OP:
+        _run_distributed(nproc, (workload or ["model-370m"]), steps, output_dir, seed)
+        return
     with _usage_errors():
         if op is None:
             if config is None:
@@ -240,7 +250,86 @@ def run(
                                          ("warmup_ms", warmup_ms if warmup_ms != 25.0 else None),
                                          ("rep_ms", rep_ms if rep_ms != 100.0 else None),
                                          ("flush_l2", False if no_flush_l2 else None)) if v is not None})
-    _execute("run", label, bench, parity, settings, device, output_dir, seed)
+    _execute("run", label, bench, parity, settings, device, output_dir, seed, telemetry)
+
+
+DIST_OP = "dist-adamw"
+
+
+def _run_distributed(nproc: int, workloads: list[str], steps: int, output_dir: Optional[Path], seed: int) -> None:
+    """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
+    from .dist.launch import launch, result_rows
+    from .harness.envinfo import fingerprint
+    from .report.console import render
+    from .report.tables import bench_table
+    from .report.writer import ReportWriter, default_output_dir
+
+    folder = output_dir or default_output_dir("run", DIST_OP)
+    dev = "cuda" if _cuda_visible() else "cpu"
+    writer = ReportWriter(folder, fingerprint(dev, seed), "run")
+    outcome = "interrupted"
+    try:
+        for name in workloads:
+            with _usage_errors(), _progress() as on_progress:
+                on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
+                try:
+                    result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json")
+                except RuntimeError as exc:
+                    writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
+                                "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",
+                                "flags": "", "tensor": "", "message": str(exc)[-2000:]})
+                    continue
+            for row in result_rows(result):
+                writer.add(row)
+        outcome = "complete"
+    finally:
+        writer.close(outcome)
+    render(console, f"run: {DIST_OP}", bench_table(writer.frame()))
+    console.print(f"Report: {folder}")
+    if not any(r["status"] in ("ok", "not-measured") for r in writer.rows):
+        raise _fail(f"{DIST_OP}: no run completed (see the error rows)", Exit.NOTHING_RAN)
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@app.command()
+def autoselect(
+    op: Annotated[str, typer.Argument(help="rmsnorm or rotary.")],
+    shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: BxHqxHkxSxDxROTARY_DIM.")],
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    mode: Annotated[str, typer.Option("--mode", help="fwd or fwd+bwd.")] = "fwd+bwd",
+    variant: Annotated[str, typer.Option("--variant", help="rotary: <style>-<layout>, e.g. half-bhsd.")] = "",
+    refresh: Annotated[bool, typer.Option("--refresh", help="Measure again and overwrite the cached choice.")] = False,
+) -> None:
+    """Show (measuring once, then from the on-disk cache) which implementation auto picks for a shape."""
+    import torch
+
+    from .nn.autoselect import autoselect_report
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        raise _fail(f"--dtype {dtype}: accepted: {', '.join(dtypes)}")
+    try:
+        dims = tuple(int(d) for d in shape.lower().split("x"))
+    except ValueError:
+        raise _fail(f"--shape {shape}: expected integers separated by x, e.g. 16x2048x4096") from None
+    try:
+        report = autoselect_report(op, dims, dtypes[dtype], mode=mode, variant=variant, refresh=refresh)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    table = Table(title=f"autoselect {op} {shape} {dtype} {mode}", header_style="bold")
+    table.add_column("implementation")
+    table.add_column("median ms", justify="right")
+    for impl, ms in report["times_ms"].items():
+        mark = " (chosen)" if impl == report["choice"] else ""
+        table.add_row(impl + mark, "not measured" if ms is None else f"{ms:.4f}")
+    console.print(table)
+    console.print(f"choice: [bold]{report['choice']}[/] ({report['reason']}); source: {report['source']}; "
+                  f"cache: {report['cache_file']}")
 
 
 @app.command()

@@ -86,3 +86,52 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
 
 def _tail(log: str | None, lines: int = 60) -> str:
     return "\n".join((log or "").splitlines()[-lines:])
+
+
+# What each of the worker's timings is, as (candidate, what) rows of a kernelbench report.
+_METRIC_ROWS = {
+    "sharded_step": ("sharded-zero1", "step: reduce-scatter + Triton update + all-gather, pipelined"),
+    "sharded_comm": ("sharded-zero1:comm", "reduce-scatter + all-gather alone"),
+    "sharded_update": ("sharded-zero1:update", "Triton AdamW on this rank's shard alone"),
+    "allreduce_fused_step": ("allreduce+torch-fused", "step: all-reduce of grads + torch fused AdamW on everything"),
+    "allreduce": ("allreduce+torch-fused:comm", "all-reduce alone"),
+    "fused_adamw": ("allreduce+torch-fused:update", "torch fused AdamW alone"),
+}
+
+
+def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The worker's JSON as kernelbench result rows (long format, as harness.runner writes)."""
+    workload, mode = result["workload"], f"{result['world_size']} ranks"
+
+    def row(candidate, metric, value, unit, message="", status="ok", flags=""):
+        return {"op": "dist-adamw", "workload": workload, "mode": mode, "candidate": candidate,
+                "metric": metric, "value": value, "unit": unit, "status": status, "flags": flags,
+                "tensor": "", "message": message}
+
+    rows = []
+    anchor = result["metrics_ms"]["allreduce_fused_step"]["median"]
+    # Without GPUs the shard update runs in the Triton interpreter: its times are no measurement.
+    interpreted = "Triton interpreter" in result["timing"]
+    for metric, stats in result["metrics_ms"].items():
+        candidate, what = _METRIC_ROWS[metric]
+        if interpreted and candidate.startswith("sharded"):
+            rows.append(row(candidate, "time_median_ms", None, "ms", "Triton interpreter (no GPU): time not measured",
+                            status="not-measured"))
+            continue
+        flags = "noisy" if stats.get("noisy") else ""
+        rows.append(row(candidate, "time_median_ms", stats["median"], "ms", f"{what}; {result['timing']}", flags=flags))
+        for key in ("p25", "p75", "iqr", "min"):
+            rows.append(row(candidate, f"time_{key}_ms", stats[key], "ms"))
+        rows.append(row(candidate, "reps", stats["reps"], ""))
+        if metric == "sharded_step" and not interpreted:
+            rows.append(row(candidate, "ratio_vs_anchor", stats["median"] / anchor, "x",
+                            "median / median of allreduce+torch-fused in the same run (below 1: faster)"))
+    for candidate, key in (("sharded-zero1", "sharded"), ("allreduce+torch-fused", "allreduce_fused")):
+        per_rank = result["state_bytes_per_rank"][key]["allocated_delta"]
+        if per_rank and all(v is not None for v in per_rank):
+            rows.append(row(candidate, "state_bytes", max(per_rank), "B",
+                            "per rank (largest): allocated after the first step minus before construction"))
+    parity = result["parity"]
+    rows.append(row("sharded-zero1", "parity_max_rel_vs_allreduce_fused", parity["max_rel_diff"], "",
+                    f"params after {parity['after_steps']} step(s), both paths from the same params and grads"))
+    return rows

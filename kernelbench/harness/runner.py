@@ -108,10 +108,11 @@ class _Emitter:
 
 
 def run_benchmarks(plan: Iterable[PlanItem], device: str, sink: RowSink, *,
-                   timing: TimingConfig = TimingConfig(), rounds: int = 3,
+                   timing: TimingConfig = TimingConfig(), rounds: int = 3, telemetry: bool = False,
                    on_progress: Callable[[str], None] | None = None) -> RunSummary:
     """Times every (candidate, workload, mode) of the plan; candidates of one workload are
-    interleaved in ``rounds`` rounds (A B C A B C ...) so drift hits them all alike."""
+    interleaved in ``rounds`` rounds (A B C A B C ...) so drift hits them all alike. With
+    ``telemetry``, cases that report telemetry (optimizers that offer it) add its rows."""
     summary = RunSummary()
     emit = _Emitter(sink, summary)
     ceilings = measure_ceilings(torch.cuda.current_device()) if device == "cuda" else None
@@ -121,13 +122,13 @@ def run_benchmarks(plan: Iterable[PlanItem], device: str, sink: RowSink, *,
                 if on_progress:
                     on_progress(f"{item.op.name} {workload.name} {mode}")
                 _bench_group(item.op, item.candidates, workload, mode, device, timing, rounds,
-                             ceilings, emit, summary)
+                             ceilings, telemetry, emit, summary)
                 _free_memory()
     return summary
 
 
 def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: str, device: str,
-                 timing: TimingConfig, rounds: int, ceilings: Ceilings | None,
+                 timing: TimingConfig, rounds: int, ceilings: Ceilings | None, telemetry: bool,
                  emit: _Emitter, summary: RunSummary) -> None:
     cases = {}
     for cand in candidates:
@@ -139,6 +140,8 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         if cand.requires.interpreted(device):
             emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", NOT_MEASURED,
                       "Triton interpreter (no GPU): checked by parity only, time not measured"))
+            if telemetry:
+                _interpreted_telemetry(op, cand, workload, device, mode, emit, summary)
             continue
         try:
             cases[cand.name] = op.make_case(cand, workload, device, mode)
@@ -181,13 +184,45 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                           "allocator peak during one call minus what was allocated before it"))
             state = case.state_bytes()
             if state is not None:
-                how = "allocated after the first step minus before construction" if device == "cuda" \
-                    else "bytes of the tensors in optimizer.state"
-                emit(_row(op, workload, mode, name, "state_bytes", state, "B", OK, how))
+                emit(_row(op, workload, mode, name, "state_bytes", state.nbytes, "B",
+                          OK if state.trusted else SUSPECT, state.how))
+            if telemetry:
+                for row in _telemetry_rows(op, workload, mode, name, case):
+                    emit(row)
         except Exception as exc:  # noqa: BLE001
             summary.errors += 1
             emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
     cases.clear()
+
+
+def _interpreted_telemetry(op: Op, cand: Candidate, workload: Workload, device: str, mode: str,
+                           emit: _Emitter, summary: RunSummary) -> None:
+    """Telemetry needs no timing: one untimed step in the interpreter gives it."""
+    try:
+        case = op.make_case(cand, workload, device, mode)
+        case.prepare()
+        case.run()
+        for row in _telemetry_rows(op, workload, mode, cand.name, case):
+            emit(row)
+    except Exception as exc:  # noqa: BLE001
+        summary.errors += 1
+        emit(_row(op, workload, mode, cand.name, "telemetry", None, "", ERROR, _error_message(exc)))
+
+
+def _telemetry_rows(op: Op, workload: Workload, mode: str, name: str, case) -> list[dict]:
+    """Rows of a case's telemetry after the timed steps: {tensor: {key: value}} where numbers
+    (0-d tensors included) become values and strings (e.g. a state dtype) the message."""
+    report = case.telemetry() if hasattr(case, "telemetry") else None
+    rows = []
+    for tensor, entry in (report or {}).items():
+        text = "; ".join(f"{k}={v}" for k, v in entry.items() if isinstance(v, str))
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                value = float(value.detach().float().max())
+            if isinstance(value, (int, float)):
+                rows.append(_row(op, workload, mode, name, f"telemetry_{key}", value, "", OK,
+                                 text or "last timed step", tensor=tensor))
+    return rows
 
 
 def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats,

@@ -142,6 +142,15 @@ class Candidate:
     doc: str = ""
 
 
+@dataclass(frozen=True)
+class StateBytes:
+    """Persistent state a candidate holds, how it was measured, and whether to trust it."""
+
+    nbytes: int
+    how: str
+    trusted: bool = True
+
+
 class Case(Protocol):
     """What the harness drives. ``run`` is the timed unit (one call, one optimizer step)."""
 
@@ -157,8 +166,8 @@ class Case(Protocol):
     def tensors(self) -> dict[str, torch.Tensor]:
         """Parity: the named results of the last ``run`` (outputs, grads, params, state)."""
 
-    def state_bytes(self) -> int | None:
-        """Bytes of persistent state the candidate holds (optimizers), None when not applicable."""
+    def state_bytes(self) -> StateBytes | None:
+        """Persistent state the candidate holds (optimizers), None when not applicable."""
 
 
 class Op:

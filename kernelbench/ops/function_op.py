@@ -150,7 +150,7 @@ class FunctionCase:
                     result[f"grad_{name}"] = grad
         return result
 
-    def state_bytes(self) -> int | None:
+    def state_bytes(self) -> None:
         return None
 
 

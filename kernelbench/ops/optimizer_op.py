@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .base import Candidate, Op, Tolerance, Workload, generator
+from .base import Candidate, Op, StateBytes, Tolerance, Workload, generator
 
 
 def workload_numel(workload: Workload) -> int:
@@ -113,12 +113,22 @@ class OptimizerCase:
                     result[f"{name}.{key}"] = value
         return result
 
-    def state_bytes(self) -> int | None:
+    def state_bytes(self) -> StateBytes:
         """On CUDA: memory the optimizer holds (allocated now minus before it was built; call
-        after the first step). Elsewhere: the bytes of the tensors in ``optimizer.state``."""
+        after the first step). Elsewhere, or when that figure is negative (the optimizer freed
+        memory it did not allocate, e.g. gradients), the bytes of the tensors in its state."""
+        tensor_bytes = self._state_tensor_bytes()
         if self.device == "cuda":
             torch.cuda.synchronize()
-            return torch.cuda.memory_allocated() - self._allocated_before
+            held = torch.cuda.memory_allocated() - self._allocated_before
+            if held >= 0:
+                return StateBytes(held, "allocated after the first step minus before construction")
+            return StateBytes(tensor_bytes, f"allocator delta was negative ({held} B: the optimizer freed "
+                              "memory allocated before it); bytes of the tensors in optimizer.state instead",
+                              trusted=False)
+        return StateBytes(tensor_bytes, "bytes of the tensors in optimizer.state")
+
+    def _state_tensor_bytes(self) -> int:
         seen: set[int] = set()
         total = 0
         for state in self.optimizer.state.values():
@@ -127,3 +137,8 @@ class OptimizerCase:
                     seen.add(value.data_ptr())
                     total += value.numel() * value.element_size()
         return total
+
+    def telemetry(self) -> dict | None:
+        """The optimizer's own telemetry, when it offers one (kernelbench's AdamMini does)."""
+        report = getattr(self.optimizer, "telemetry", None)
+        return report() if callable(report) else None
