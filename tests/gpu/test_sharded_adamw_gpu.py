@@ -86,7 +86,8 @@ def test_one_gpu_matches_torch_cuda_adamw():
     # adamw_step_flat repeats torch's single-tensor CUDA rounding, so this is normally bitwise;
     # its docstring allows one fp32 ulp on a rare step, hence the 1e-6 bound rather than equality.
     assert result["max_rel"] <= 1e-6, result
-    assert result["buckets"] > 8, result
+    # 1 MiB buckets: embed (16 MiB) and up (12 MiB) get one each, bias + proj + scale share one.
+    assert result["buckets"] == 3, result
 
 
 @two_gpus
