@@ -36,6 +36,10 @@ def test_run_writes_the_four_report_files(tmp_path):
     assert list(rows.columns) == list(ROW_FIELDS)
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
     assert medians.loc["torch-forloop", "status"] == "ok" and medians.loc["torch-forloop", "value"] > 0
+    # AdamW state: exp_avg and exp_avg_sq (8 bytes per param) plus a 0-d step per tensor.
+    numel = 64 * 48 + 48 + 33 * 17 + 1
+    state = rows[rows.metric == "state_bytes"].set_index("candidate")["value"]
+    assert ((state >= 8 * numel) & (state <= 8 * numel + 8 * 4)).all(), state
     meta = json.loads((out / "run.json").read_text())
     assert meta["outcome"] == "complete" and meta["environment"]["device"] == "cpu"
     assert len(meta["rows"]) == len(rows)

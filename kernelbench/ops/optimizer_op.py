@@ -114,9 +114,10 @@ class OptimizerCase:
         return result
 
     def state_bytes(self) -> StateBytes:
-        """On CUDA: memory the optimizer holds (allocated now minus before it was built; call
-        after the first step). Elsewhere, or when that figure is negative (the optimizer freed
-        memory it did not allocate, e.g. gradients), the bytes of the tensors in its state."""
+        """On CUDA: memory the optimizer holds (allocated now minus before it was built). Call it
+        after the first step and before anything else is allocated (the runner does so right
+        after building the case). Elsewhere, or when that figure is negative (the optimizer freed
+        memory it did not allocate), the bytes of the tensors in its state."""
         tensor_bytes = self._state_tensor_bytes()
         if self.device == "cuda":
             torch.cuda.synchronize()
