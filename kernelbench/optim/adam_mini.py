@@ -21,20 +21,26 @@ structure: 2-D -> one block per row, otherwise one per tensor. No weight decay o
 
 Kernels. Every block is a contiguous run of the flattened parameter, so a launch takes all
 parameters of a group that share a block length L (a compile-time constant, so loads vectorise):
-* L <= 4096 (rows, norms, biases): one pass. A program holds ROWS whole blocks (ROWS * L <= 4096
-  elements) in registers: it reads g, reduces mean(g^2) per block, updates vmean, then reads p and
-  m and writes them. 20 bytes per parameter in fp32 (read p, g, m; write p, m).
-* L > 4096 (attention heads: 65536 elements in llama-468m): one program per block, two passes
-  over it in 4096-element chunks (the first reads g for the mean, the second updates), so g is
+* L <= 2048 (rows of 1024, norms, biases): ``_adam_mini_rows_kernel``, one pass. A program holds
+  ROWS >= 2 whole blocks (ROWS * next_pow2(L) <= 4096 elements) in registers: it reads g, reduces
+  mean(g^2) per block, updates vmean, then reads p and m and writes them. 20 bytes per parameter
+  in fp32 (read p, g, m; write p, m).
+* L > 2048: ``_adam_mini_block_kernel``, one program per block. L <= 4096 (MLP down-projection
+  rows) is one pass as above; longer blocks (attention heads: 65536 elements in llama-468m) take
+  two passes in 4096-element chunks (the first reads g for the mean, the second updates), so g is
   read twice: 24 bytes per parameter.
+* Step counters: one tiny launch per step() increments every counter first; the update kernels
+  only read them. No program writes anything another program reads.
 
 State dtypes. ``fp32``: m in fp32. ``bf16``: m in bf16 (round to nearest). ``fp8``: m in
 float8_e4m3fn with one fp32 scale per *scale block* = the Adam-mini block when it fits one
 program (a row, a norm), or each 4096-element chunk of a longer block (a head); the scale is
 amax(|m|) / 448 of that scale block at the step it is written, so the largest element maps to
-e4m3's largest finite value. fp8 rounding is done in fp32 arithmetic (round-to-nearest-even onto
-the e4m3 grid) and then cast, which is exact; this gives the same bits on the GPU and in the
-Triton interpreter (whose own fp32->fp8 cast mis-rounds across binade boundaries). Adam blocks
+e4m3's largest finite value; m is stored as e4m3(m * (1 / scale)) (one division per scale block,
+not per element). On the GPU the cast itself rounds to nearest even and saturates
+(cvt.rn.satfinite); in the Triton interpreter, whose fp32->fp8 cast mis-rounds across binade
+boundaries, the rounding is done first in fp32 arithmetic (``_round_to_e4m3``), so both give the
+same bits as torch's cast. Adam blocks
 (biases) keep m in bf16 under ``fp8``: a per-element scale would cost more than it saves. vmean
 is always fp32. The update of a step uses the unrounded new m; only the stored m is rounded.
 fp8 needs sm_89+ on the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16
@@ -63,7 +69,8 @@ from ._triton_utils import (
     refuse_rebuild_while_capturing,
     upload_int64,
 )
-from .adamw import reciprocal_in_fp64
+from ._triton_utils import interpreting
+from .adamw import StepIncrementer, reciprocal_in_fp64
 
 STATE_DTYPES = ("fp32", "bf16", "fp8")
 KINDS = ("adam", "head", "row", "tensor")
@@ -78,7 +85,11 @@ _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 _M_FP32, _M_BF16, _M_FP8 = 0, 1, 2
 E4M3_MAX_C = tl.constexpr(E4M3_MAX)
-_ADDRESS_COLUMNS = 6  # param, grad, m, m scale, vmean, step
+# Launch table row per tensor: param, grad, m, m scale, vmean, step, n_blocks, first program
+# (8 int64 = one 64-byte line).
+TABLE_STRIDE = 8
+TABLE_STRIDE_C = tl.constexpr(TABLE_STRIDE)
+_STEP_COLUMN = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,10 +180,9 @@ def partition_param(name: str, param: torch.Tensor, *, dim: int, n_heads: int,
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr):
-    """New step, 1/(1-beta1^t) and 1/sqrt(1-beta2^t) as fp32, computed in fp64 as the official
-    code does on the host."""
-    new_step = tl.load(step_ptr) + 1.0
-    t = new_step.to(tl.float64)
+    """From this step's t (already incremented on the device): 1/(1-beta1^t) and
+    1/sqrt(1-beta2^t) as fp32, computed in fp64 as the official code does on the host."""
+    t = tl.load(step_ptr).to(tl.float64)
     log_beta1 = log_beta1_bits.to(tl.int64).to(tl.float64, bitcast=True)
     log_beta2 = log_beta2_bits.to(tl.int64).to(tl.float64, bitcast=True)
     inv_bc1 = (1.0 / (1.0 - tl.exp(t * log_beta1))).to(tl.float32)
@@ -181,14 +191,16 @@ def _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.con
         inv_bc2_sqrt = (1.0 / bc2_sqrt).to(tl.float32)
     else:
         inv_bc2_sqrt = tl.div_rn(1.0, bc2_sqrt.to(tl.float32))
-    return new_step, inv_bc1, inv_bc2_sqrt
+    return inv_bc1, inv_bc2_sqrt
 
 
 @triton.jit
 def _round_to_e4m3(x):
     """Round fp32 to the nearest float8_e4m3fn value (ties to even), kept in fp32, clamped to
     +-448. Exponent from the bits; the quotient by the grid spacing has magnitude < 16, so adding
-    and subtracting 1.5 * 2^23 rounds it to an integer in round-to-nearest-even arithmetic."""
+    and subtracting 1.5 * 2^23 rounds it to an integer in round-to-nearest-even arithmetic.
+    Used in the interpreter only, whose own fp32->fp8 cast mis-rounds across binade boundaries;
+    the GPU's cast (cvt.rn.satfinite) rounds the same way in one instruction per two values."""
     bits = x.to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) - 127
     exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the spacing of the lowest binade
@@ -203,24 +215,38 @@ def _round_to_e4m3(x):
 
 
 @triton.jit
+def _load_f32(ptr, mask):
+    """Load as fp32; ``mask`` None (a full block) keeps the access unpredicated."""
+    if mask is None:
+        return tl.load(ptr).to(tl.float32)
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _load_m(m_ptr, scale, mask, M_KIND: tl.constexpr):
-    m = tl.load(m_ptr, mask=mask, other=0.0).to(tl.float32)
+    m = _load_f32(m_ptr, mask)
     if M_KIND == 2:
         m = m * scale
     return m
 
 
 @triton.jit
-def _store_m(m_ptr, m, mask, M_KIND: tl.constexpr, REDUCE_AXIS: tl.constexpr):
+def _store_m(m_ptr, m, mask, M_KIND: tl.constexpr, REDUCE_AXIS: tl.constexpr, EMULATE_E4M3: tl.constexpr):
     """Stores m in its state dtype; for fp8 returns the scale(s) used (amax / 448 along
-    REDUCE_AXIS), else 1.0."""
+    REDUCE_AXIS), else 1.0. fp8: q = m * (1 / scale), one division per scale block."""
     if M_KIND == 2:
-        amax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=REDUCE_AXIS)
-        scale = tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0)
-        if REDUCE_AXIS == 1:
-            q = _round_to_e4m3(tl.div_rn(m, scale[:, None]))
+        if mask is None:
+            amax = tl.max(tl.abs(m), axis=REDUCE_AXIS)
         else:
-            q = _round_to_e4m3(tl.div_rn(m, scale))
+            amax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=REDUCE_AXIS)
+        scale = tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0)
+        inv_scale = tl.div_rn(1.0, scale)
+        if REDUCE_AXIS == 1:
+            q = m * inv_scale[:, None]
+        else:
+            q = m * inv_scale
+        if EMULATE_E4M3:
+            q = _round_to_e4m3(q)
         tl.store(m_ptr, q.to(tl.float8e4nv), mask=mask)
     else:
         scale = 1.0
@@ -229,41 +255,36 @@ def _store_m(m_ptr, m, mask, M_KIND: tl.constexpr, REDUCE_AXIS: tl.constexpr):
 
 
 @triton.jit
-def _finish_step(step_ptr, done_ptr, new_step, n_programs):
-    """As in TritonAdamW: the last program of a tensor writes its new step (atomic ticket)."""
-    tl.debug_barrier()
-    ticket = tl.atomic_add(done_ptr, 1, sem="acq_rel")
-    if ticket == n_programs - 1:
-        tl.store(step_ptr, new_step)
-        tl.store(done_ptr, 0)
+def _aligned(addr, ptr_ty: tl.constexpr, ALIGNED: tl.constexpr):
+    """An int64 address as a pointer; with ALIGNED, marked 16-byte aligned *after* the cast (a
+    hint on the int64 does not survive int-to-pointer), so loads can be 16-byte vectors."""
+    ptr = addr.to(ptr_ty)
+    if ALIGNED:
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr
 
 
 @triton.jit
 def _tensor_entry(table_ptr, n_tensors, ALIGNED: tl.constexpr, DTYPE: tl.constexpr, M_DTYPE: tl.constexpr):
-    """This program's tensor and its pointers, from the launch table."""
+    """This program's index within its tensor and the tensor's pointers, from the launch table
+    (one 64-byte row per tensor: param, grad, m, m scale, vmean, step, n_blocks, first program)."""
     pid = tl.program_id(0)
-    tensor = tl.load(table_ptr + 8 * n_tensors + pid)
-    row = table_ptr + tensor
-    p_addr = tl.load(row)
-    g_addr = tl.load(row + n_tensors)
-    m_addr = tl.load(row + 2 * n_tensors)
-    if ALIGNED:
-        p_addr = tl.multiple_of(p_addr, 16)
-        g_addr = tl.multiple_of(g_addr, 16)
-        m_addr = tl.multiple_of(m_addr, 16)
-    scale_ptr = tl.load(row + 3 * n_tensors).to(tl.pointer_type(tl.float32))
-    vmean_ptr = tl.load(row + 4 * n_tensors).to(tl.pointer_type(tl.float32))
-    step_ptr = tl.load(row + 5 * n_tensors).to(tl.pointer_type(tl.float32))
-    n_blocks = tl.load(row + 6 * n_tensors)
-    first_program = tl.load(row + 7 * n_tensors)
-    return (tensor, pid - first_program, p_addr.to(tl.pointer_type(DTYPE)), g_addr.to(tl.pointer_type(DTYPE)),
-            m_addr.to(tl.pointer_type(M_DTYPE)), scale_ptr, vmean_ptr, step_ptr, n_blocks)
+    tensor = tl.load(table_ptr + TABLE_STRIDE_C * n_tensors + pid)
+    row = table_ptr + tensor * TABLE_STRIDE_C
+    p_ptr = _aligned(tl.load(row + 0), tl.pointer_type(DTYPE), ALIGNED)
+    g_ptr = _aligned(tl.load(row + 1), tl.pointer_type(DTYPE), ALIGNED)
+    m_ptr = _aligned(tl.load(row + 2), tl.pointer_type(M_DTYPE), ALIGNED)
+    scale_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    vmean_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float32))
+    step_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float32))
+    n_blocks = tl.load(row + 6)
+    first_program = tl.load(row + 7)
+    return pid - first_program, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks
 
 
 @triton.jit
 def _adam_mini_rows_kernel(
-    table_ptr,  # int64 [8 * n_tensors addresses and sizes | n_programs tensor ids]
-    done_ptr,  # int32 [n_tensors] ticket counters (0 between launches)
+    table_ptr,  # int64 [TABLE_STRIDE per tensor | n_programs tensor ids]
     telemetry_ptr,  # fp32 [2, n_programs]: max|update|, max|m| of each program
     n_tensors, n_programs,
     lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, rounded on the host as torch would
@@ -271,12 +292,12 @@ def _adam_mini_rows_kernel(
     DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
     BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block (shared by every tensor of the launch)
     COLS: tl.constexpr,  # BLOCK_LEN rounded up to a power of two
-    ROWS: tl.constexpr,  # blocks per program
-    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr,
+    ROWS: tl.constexpr,  # blocks per program, >= 2 (one block per program goes to the block kernel)
+    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
 ):
-    tensor, local, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
+    local, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
         table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
-    new_step, inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
 
     rows = local * ROWS + tl.arange(0, ROWS)
     row_mask = rows < n_blocks
@@ -307,75 +328,108 @@ def _adam_mini_rows_kernel(
     update = (m * step_size[:, None]) * lr
     p = p - update
     tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
-    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 1)
+    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 1, EMULATE_E4M3)
     if M_KIND == 2:
         tl.store(scale_ptr + rows, scale, mask=row_mask)
 
     pid = tl.program_id(0)
     tl.store(telemetry_ptr + pid, tl.max(tl.max(tl.where(mask, tl.abs(update), 0.0), axis=1), axis=0))
     tl.store(telemetry_ptr + n_programs + pid, tl.max(tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1), axis=0))
-    _finish_step(step_ptr, done_ptr + tensor, new_step, tl.cdiv(n_blocks, ROWS))
 
 
 @triton.jit
-def _adam_mini_chunked_kernel(
-    table_ptr, done_ptr, telemetry_ptr,  # as in _adam_mini_rows_kernel
+def _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay, lerp_weight,
+                 DTYPE: tl.constexpr, M_KIND: tl.constexpr, EMULATE_E4M3: tl.constexpr):
+    """The update of one chunk of one block, g already loaded; returns |update| and |m|."""
+    if M_KIND == 2:
+        old_scale = tl.load(scale_slot)
+    else:
+        old_scale = 1.0
+    m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
+    p = _load_f32(p_ptr + offs, mask)
+    p = p * decay
+    diff = g - m
+    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+    update = (m * step_size) * lr
+    p = p - update
+    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
+    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0, EMULATE_E4M3)
+    if M_KIND == 2:
+        tl.store(scale_slot, scale)
+    if mask is None:
+        return tl.abs(update), tl.abs(m)
+    return tl.where(mask, tl.abs(update), 0.0), tl.where(mask, tl.abs(m), 0.0)
+
+
+@triton.jit
+def _adam_mini_block_kernel(
+    table_ptr, telemetry_ptr,  # as in _adam_mini_rows_kernel
     n_tensors, n_programs,
     lr, decay, lerp_weight, beta2, sq_weight, eps,
     log_beta1_bits, log_beta2_bits,
     DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
-    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block, > CHUNK
-    CHUNK: tl.constexpr,  # elements per loop iteration; also the fp8 scale block
-    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr,
+    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block, > CHUNK / 2
+    CHUNK: tl.constexpr,  # elements per loop iteration; also the fp8 scale block of a longer block
+    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
 ):
-    tensor, block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
+    """One program per block. A block of at most CHUNK elements is one pass (g stays in
+    registers); a longer one takes two (mean of g^2, then the update, reading g again)."""
+    block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
         table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
-    new_step, inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
     n_chunks: tl.constexpr = (BLOCK_LEN + CHUNK - 1) // CHUNK
     base = block * BLOCK_LEN
     lanes = tl.arange(0, CHUNK)
-
-    # Pass 1: mean of g^2 over the block.
-    acc = tl.zeros([CHUNK], dtype=tl.float32)
-    for c in range(0, BLOCK_LEN, CHUNK):
-        mask = (c + lanes) < BLOCK_LEN
-        g = tl.load(g_ptr + base + c + lanes, mask=mask, other=0.0).to(tl.float32)
-        acc += g * g
-    mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
-    vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
-    tl.store(vmean_ptr + block, vmean)
-    step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
-
-    # Pass 2: the update, chunk by chunk.
-    max_update = tl.zeros([CHUNK], dtype=tl.float32)
-    max_m = tl.zeros([CHUNK], dtype=tl.float32)
-    for c in range(0, BLOCK_LEN, CHUNK):
-        offs = base + c + lanes
-        mask = (c + lanes) < BLOCK_LEN
-        scale_slot = scale_ptr + block * n_chunks + c // CHUNK
-        if M_KIND == 2:
-            old_scale = tl.load(scale_slot)
-        else:
-            old_scale = 1.0
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        p = p * decay
-        diff = g - m
-        m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
-        update = (m * step_size) * lr
-        p = p - update
-        tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
-        scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0)
-        if M_KIND == 2:
-            tl.store(scale_slot, scale)
-        max_update = tl.maximum(max_update, tl.where(mask, tl.abs(update), 0.0))
-        max_m = tl.maximum(max_m, tl.where(mask, tl.abs(m), 0.0))
-
     pid = tl.program_id(0)
-    tl.store(telemetry_ptr + pid, tl.max(max_update, axis=0))
-    tl.store(telemetry_ptr + n_programs + pid, tl.max(max_m, axis=0))
-    _finish_step(step_ptr, done_ptr + tensor, new_step, n_blocks)
+
+    if n_chunks == 1:
+        offs = base + lanes
+        if BLOCK_LEN == CHUNK:
+            mask = None
+        else:
+            mask = lanes < BLOCK_LEN
+        g = _load_f32(g_ptr + offs, mask)
+        mean_sq = tl.sum(g * g, axis=0) * (1.0 / BLOCK_LEN)
+        vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+        tl.store(vmean_ptr + block, vmean)
+        step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
+        abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_ptr + block, offs, mask, step_size, lr, decay,
+                                         lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
+        tl.store(telemetry_ptr + pid, tl.max(abs_update, axis=0))
+        tl.store(telemetry_ptr + n_programs + pid, tl.max(abs_m, axis=0))
+    else:
+        # Pass 1: mean of g^2 over the block.
+        acc = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in range(0, BLOCK_LEN, CHUNK):
+            if BLOCK_LEN % CHUNK == 0:
+                g = tl.load(g_ptr + base + c + lanes).to(tl.float32)
+            else:
+                g = tl.load(g_ptr + base + c + lanes, mask=(c + lanes) < BLOCK_LEN, other=0.0).to(tl.float32)
+            acc += g * g
+        mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
+        vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+        tl.store(vmean_ptr + block, vmean)
+        step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
+
+        # Pass 2: the update, chunk by chunk.
+        max_update = tl.zeros([CHUNK], dtype=tl.float32)
+        max_m = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in range(0, BLOCK_LEN, CHUNK):
+            offs = base + c + lanes
+            scale_slot = scale_ptr + block * n_chunks + c // CHUNK
+            if BLOCK_LEN % CHUNK == 0:
+                g = tl.load(g_ptr + offs).to(tl.float32)
+                abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, None, step_size, lr, decay,
+                                                 lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
+            else:
+                mask = (c + lanes) < BLOCK_LEN
+                g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay,
+                                                 lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
+            max_update = tl.maximum(max_update, abs_update)
+            max_m = tl.maximum(max_m, abs_m)
+        tl.store(telemetry_ptr + pid, tl.max(max_update, axis=0))
+        tl.store(telemetry_ptr + n_programs + pid, tl.max(max_m, axis=0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +459,7 @@ def adam_mini_block_ref(p, g, m, vmean, step, *, block_len, lr, beta1, beta2, ep
         blocks = m_new.view(-1, scale_block)
         amax = blocks.abs().amax(dim=1, keepdim=True)
         scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-        m_stored = (round_to_e4m3_ref(blocks / scale).float() * scale).view(-1)
+        m_stored = (round_to_e4m3_ref(blocks * (1.0 / scale)).float() * scale).view(-1)
     else:
         m_stored = m_new
     return p, m_stored, vmean, m_new
@@ -415,8 +469,11 @@ def adam_mini_block_ref(p, g, m, vmean, step, *, block_len, lr, beta1, beta2, ep
 # Optimizer
 # ---------------------------------------------------------------------------------------------
 class _LaunchPlan:
-    """Table, tickets and telemetry buffer of one launch: params of one group, dtype, block
-    length and state dtype."""
+    """Table, telemetry buffer and launch arguments of one launch: params of one group, dtype,
+    block length and state dtype."""
+
+    table_stride = TABLE_STRIDE
+    step_column = _STEP_COLUMN
 
     def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
                  states: list[dict], parts: list[Partition], m_kind: int) -> None:
@@ -424,31 +481,34 @@ class _LaunchPlan:
         block_len = parts[0].block_len
         self.key = key
         self.block_len = block_len
-        self.chunked = block_len > TILE
         self.cols = triton.next_power_of_2(block_len)
-        self.rows = 1 if self.chunked else max(1, TILE // self.cols)
+        self.rows = max(1, TILE // self.cols)
+        self.per_block = self.rows == 1  # one program per block: _adam_mini_block_kernel
         self.m_kind = m_kind
-        columns: list[list[int]] = [[] for _ in range(_ADDRESS_COLUMNS)]
-        n_blocks, first_programs, program_tensor = [], [], []
+        table: list[int] = []
+        program_tensor: list[int] = []
+        vector_addresses = []
         self.program_ranges = []
         for i, (p, g, s, part) in enumerate(zip(params, grads, states, parts)):
             m = s["m_fp8"] if m_kind == _M_FP8 else s["m"]
             scale = s["m_scale"] if m_kind == _M_FP8 else s["step"]  # any valid address when unused
             vmean = s["v"] if part.kind == "adam" else s["vmean"]
-            for column, t in zip(columns, (p, g, m, scale, vmean, s["step"])):
-                column.append(t.data_ptr())
-            programs = part.n_blocks if self.chunked else triton.cdiv(part.n_blocks, self.rows)
-            n_blocks.append(part.n_blocks)
-            first_programs.append(len(program_tensor))
+            programs = part.n_blocks if self.per_block else triton.cdiv(part.n_blocks, self.rows)
+            vector_addresses += [p.data_ptr(), g.data_ptr(), m.data_ptr()]
+            table += [p.data_ptr(), g.data_ptr(), m.data_ptr(), scale.data_ptr(), vmean.data_ptr(),
+                      s["step"].data_ptr(), part.n_blocks, len(program_tensor)]
             self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
             program_tensor.extend([i] * programs)
         self.params = params
         self.n_tensors = len(params)
         self.n_programs = len(program_tensor)
-        self.aligned = all(a % 16 == 0 for column in columns[:3] for a in column)
-        self.table = upload_int64([a for c in columns for a in c] + n_blocks + first_programs + program_tensor, device)
-        self.done = torch.zeros(self.n_tensors, dtype=torch.int32, device=device)
+        self.step_addresses = [s["step"].data_ptr() for s in states]
+        self.aligned = all(a % 16 == 0 for a in vector_addresses)
+        self.table = upload_int64(table + program_tensor, device)
         self.telemetry = torch.zeros(2, self.n_programs, dtype=torch.float32, device=device)
+        self.grid = (self.n_programs,)
+        self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
+        self.scalars: tuple = ()
 
 
 class AdamMini(torch.optim.Optimizer):
@@ -513,6 +573,9 @@ class AdamMini(torch.optim.Optimizer):
         device = named[0][1].device
         self.state_dtype = _resolve_state_dtype(state_dtype, device)
         self._plans: dict[tuple, _LaunchPlan] = {}
+        self._increment_steps = StepIncrementer()
+        self._launch_key = {id(p): (self._parts[id(p)].block_len, self._m_dtype_name(self._parts[id(p)]))
+                            for _, p in named}
 
     # -- reports --------------------------------------------------------------------------------
     def partition_report(self) -> list[dict[str, Any]]:
@@ -593,41 +656,55 @@ class AdamMini(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        launches = []
         for index, group in enumerate(self.param_groups):
-            launches: dict[tuple, list[torch.Tensor]] = {}
+            by_launch: dict[tuple, list[torch.Tensor]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                part = self._parts[id(p)]
-                launches.setdefault((p.dtype, part.block_len, self._m_dtype_name(part)), []).append(p)
-            for (dtype, block_len, m_dtype), params in launches.items():
-                self._launch(index, group, dtype, block_len, m_dtype, params)
+                by_launch.setdefault((p.dtype,) + self._launch_key[id(p)], []).append(p)
+            for (dtype, block_len, m_dtype), params in by_launch.items():
+                launches.append((self._plan(index, dtype, block_len, m_dtype, params), group, dtype))
+        self._increment_steps([plan for plan, _, _ in launches])
+        for plan, group, dtype in launches:
+            self._launch(plan, group, dtype)
         return loss
 
-    def _launch(self, index: int, group: dict, dtype: torch.dtype, block_len: int, m_dtype: str,
-                params: list[torch.Tensor]) -> None:
+    def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str,
+              params: list[torch.Tensor]) -> _LaunchPlan:
         grads = [p.grad for p in params]
-        for p, g in zip(params, grads):
-            if g.layout is not torch.strided:  # before data_ptr(), which sparse tensors lack
+        try:
+            key = tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
+        except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
+            for p, g in zip(params, grads):
                 check_param_and_grad(self._label(p), p, g, p.device, _SUPPORTED_DTYPES, _WHO)
-        key = tuple(p.data_ptr() for p in params) + tuple(g.data_ptr() for g in grads)
+            raise
         plan_key = (index, dtype, block_len, m_dtype)
         plan = self._plans.get(plan_key)
         if plan is None or plan.key != key:
             plan = self._plans[plan_key] = self._build_plan(key, params, grads, m_dtype)
-        lr = float(group["lr"])
-        beta1, beta2 = group["betas"]
-        scalars = (lr, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
-                   f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
-        common = dict(DTYPE=_TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[plan.m_kind], M_KIND=plan.m_kind,
-                      BLOCK_LEN=block_len, ALIGNED=plan.aligned,
-                      INV_BC2_FP64=reciprocal_in_fp64(params[0].device),
-                      num_warps=NUM_WARPS, enable_fp_fusion=False)
-        args = (plan.table, plan.done, plan.telemetry, plan.n_tensors, plan.n_programs) + scalars
-        if plan.chunked:
-            _adam_mini_chunked_kernel[(plan.n_programs,)](*args, CHUNK=TILE, **common)
-        else:
-            _adam_mini_rows_kernel[(plan.n_programs,)](*args, COLS=plan.cols, ROWS=plan.rows, **common)
+        return plan
+
+    def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype) -> None:
+        # Hyperparameters are read every step (LR schedulers), converted only when they change.
+        scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
+        if plan.scalars_key != scalars_key:
+            lr = float(group["lr"])
+            beta1, beta2 = group["betas"]
+            plan.scalars = (plan.table, plan.telemetry, plan.n_tensors, plan.n_programs,
+                            lr, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
+                            f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
+            plan.constexprs = dict(
+                DTYPE=_TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[plan.m_kind], M_KIND=plan.m_kind,
+                BLOCK_LEN=plan.block_len, ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(plan.table.device),
+                EMULATE_E4M3=interpreting(), num_warps=NUM_WARPS, enable_fp_fusion=False)
+            if plan.per_block:
+                plan.constexprs["CHUNK"] = TILE
+            else:
+                plan.constexprs.update(COLS=plan.cols, ROWS=plan.rows)
+            plan.scalars_key = scalars_key
+        kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
+        kernel[plan.grid](*plan.scalars, **plan.constexprs)
 
     def _label(self, p: torch.Tensor) -> str:
         return f"parameter '{self._names[id(p)]}' ({'x'.join(map(str, p.shape)) or 'scalar'})"
