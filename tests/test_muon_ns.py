@@ -9,15 +9,19 @@ tile logic and math; its speed and the sm_90 compilation are checked in tests/gp
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import pytest
 import torch
 
-from kernelbench.muon import choose_path, newton_schulz, newton_schulz_ref
+from kernelbench.muon import choose_path, choose_route, newton_schulz, newton_schulz_ref
 from kernelbench.muon import classic, hopper
 from kernelbench.muon.classic import GemmConfig, upper_tiles
 from kernelbench.muon.newton_schulz import NS_COEFFICIENTS, sym_tile_count
+
+# The module, not the function of the same name that kernelbench.muon exports.
+ns_module = importlib.import_module("kernelbench.muon.newton_schulz")
 
 PATHS = ("classic", "hopper")
 
@@ -211,8 +215,26 @@ def test_upper_tiles_cover_each_element_once():
 def test_auto_routes_to_the_interpreted_kernels_on_cpu():
     assert choose_path((64, 64), "cpu") == "classic"
     G = seeded((32, 48), seed=9)
-    newton_schulz(G)
-    assert newton_schulz.last_path == "classic"
+    newton_schulz(G, graph=True)  # CUDA graphs need CUDA: asked for on the CPU, none is used
+    assert newton_schulz.last_path == "classic" and newton_schulz.last_graph is False
+
+
+def test_measured_routes_then_the_default_rule(monkeypatch):
+    # Routing on a CUDA device, without one: the device name and the Hopper check are stubbed.
+    monkeypatch.setattr(ns_module, "_device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(hopper, "unavailable_reason", lambda device, *shapes: None)
+    monkeypatch.setattr(ns_module, "MEASURED_ROUTES", {("H200", 1, 1024, 4096): ("torch", True),
+                                                       ("H200", 8, 512, 512): ("classic", False)})
+    assert choose_route((4096, 1024), "cuda") == ("torch", True)  # (batch, m, n) with m <= n
+    assert choose_route((1024, 4096), "cuda") == ("torch", True)
+    assert choose_route((8, 512, 512), "cuda") == ("classic", False)
+    # Unlisted: Hopper, with a graph when the work (batch * m * m * n) is at most GRAPH_MAX_WORK.
+    assert choose_route((512, 512), "cuda") == ("hopper", True)
+    assert choose_route((2048, 2048), "cuda") == ("hopper", True)
+    assert choose_route((4096, 4096), "cuda") == ("hopper", False)
+    assert choose_route((64, 1024, 1024), "cuda") == ("hopper", False)
+    monkeypatch.setattr(ns_module, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert choose_route((4096, 1024), "cuda") == ("hopper", True)
 
 
 @pytest.mark.parametrize(

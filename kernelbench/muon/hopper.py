@@ -14,7 +14,7 @@ docstring first); what changes is how operands reach shared memory and how tiles
 - Warp specialisation: Triton 3.6 offers ``tl.range(..., warp_specialize=True)`` for
   Blackwell only (its persistent-matmul tutorial gates it on capability >= 10), so on sm_90 it
   is off. The WARP_SPECIALIZE constexpr is kept so a Triton that supports it on Hopper can be
-  tried by ``python -m kernelbench.muon.tune``.
+  tried by ``python scripts/probe_muon.py --sweep``.
 - The Gram kernels store the direct tile by TMA; the mirrored (transposed) tile is a masked
   pointer store, since TMA stores cannot mask the diagonal block.
 """

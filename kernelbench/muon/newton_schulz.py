@@ -10,16 +10,22 @@ input's dtype and orientation. Paths:
 - ``classic``: pointer-load Triton GEMMs (``classic.py``), any CUDA GPU, and the interpreter.
 - ``hopper``: TMA descriptors + persistent tiles (``hopper.py``), sm_90 only.
 - ``torch``: the same iteration with torch's bf16 matmul (cuBLAS).
-- ``auto``: :func:`choose_path` picks one by device and shape; ``newton_schulz.last_path``
-  names the path the last call ran.
+- ``auto``: :func:`choose_route` picks a path, and whether to replay a CUDA graph, by device
+  and shape (MEASURED_ROUTES, then a default rule); ``newton_schulz.last_path`` and
+  ``newton_schulz.last_graph`` name what the last call ran.
 
 Per iteration: three launches (Gram, fused polynomial, fused update); per call two more (the
 norm, the normalise-and-transpose into bf16). The Frobenius norm stays on the device. The only
 host sync is the optional finiteness check, made after every kernel is queued.
+
+Small shapes are bound by the host, not the GPU: 17 launches cost ~0.5 ms of Python and driver
+time against ~0.1 ms of GPU work at 1024 x 1024. There each call replays a CUDA graph captured
+once per (shape, dtype, path, stream): see _GraphedCall for what it costs and keeps.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -51,7 +57,7 @@ def newton_schulz_ref(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> t
 # rates on Hopper when there are enough tiles to fill the SMs; smaller tiles trade per-tile
 # efficiency for more tiles, which wins when the big tile leaves SMs idle (n <= 4096).
 # THROUGHPUT is the assumed per-SM rate of each tile relative to the largest: an estimate, to be
-# confirmed by `python -m kernelbench.muon.tune` on the GPU.
+# confirmed by `python scripts/probe_muon.py --sweep` on the GPU.
 TILE_CONFIGS = (
     GemmConfig(128, 256, 64, num_stages=3, num_warps=8),
     GemmConfig(128, 128, 64, num_stages=4, num_warps=8),
@@ -74,6 +80,7 @@ def _cost(tiles: int, cfg: GemmConfig, sms: int) -> float:
     return math.ceil(tiles / sms) * cfg.block_m * cfg.block_n / THROUGHPUT[(cfg.block_m, cfg.block_n)]
 
 
+@functools.lru_cache(maxsize=256)
 def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[GemmConfig, GemmConfig]:
     """(Gram config, update config) for X of shape (batch, m, n), by the wave model above."""
     if device.type != "cuda":
@@ -85,27 +92,56 @@ def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[Gemm
 
 
 # -- routing ------------------------------------------------------------------------------------
-# (device-name fragment, m, n) -> path, from GPU measurements (`python -m kernelbench.muon.tune`
-# prints these rows). Shapes not listed use the default rule in choose_path.
-MEASURED_ROUTES: dict[tuple[str, int, int], str] = {}
+# (device-name fragment, batch, m, n) -> (path, graph), from GPU measurements: the ROUTES block
+# that `python scripts/probe_muon.py` prints. Shapes not listed use the default rule in
+# choose_route.
+MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {}
+
+# Replay a CUDA graph of the whole call (see _GraphedCall) when batch * m * m * n is at most this.
+# Below it a call is bound by the host's kernel launches (17 launches at ~30 us each on the
+# first H200 run, ~0.5 ms, against ~0.1 ms of GPU work at 1024 x 1024); above it the GPU is
+# busy longer than the launches take, so a graph only adds its input copy and output clone.
+GRAPH_MAX_WORK = 2**33  # 2048 x 2048 x 2048
+
+
+@functools.lru_cache(maxsize=16)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
+def _dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(batch, m, n) with m <= n: the orientation the iteration runs in."""
+    batch = shape[0] if len(shape) == 3 else 1
+    rows, cols = shape[-2], shape[-1]
+    return batch, min(rows, cols), max(rows, cols)
+
+
+def graph_by_default(shape: tuple[int, ...], device: torch.device | str) -> bool:
+    """Whether a call of this shape replays a CUDA graph when ``graph=None`` and no measured
+    route says otherwise: on CUDA, for work small enough to be launch-bound."""
+    batch, m, n = _dims(shape)
+    return torch.device(device).type == "cuda" and batch * m * m * n <= GRAPH_MAX_WORK
+
+
+def choose_route(shape: tuple[int, ...], device: torch.device | str) -> tuple[str, bool]:
+    """(path, graph) that ``path="auto"`` runs for a tensor of ``shape`` on ``device``."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return ("classic" if interpreting() else "torch"), False
+    batch, m, n = _dims(shape)
+    name = _device_name(device)
+    for (fragment, bb, mm, nn), route in MEASURED_ROUTES.items():
+        if fragment in name and (bb, mm, nn) == (batch, m, n):
+            return route
+    from . import hopper
+
+    path = "hopper" if hopper.unavailable_reason(device, (m, n), (m, m)) is None else "classic"
+    return path, graph_by_default(shape, device)
 
 
 def choose_path(shape: tuple[int, ...], device: torch.device | str) -> str:
     """The path ``path="auto"`` runs for a tensor of ``shape`` on ``device``."""
-    device = torch.device(device)
-    rows, cols = shape[-2], shape[-1]
-    m, n = min(rows, cols), max(rows, cols)
-    if device.type != "cuda":
-        return "classic" if interpreting() else "torch"
-    name = torch.cuda.get_device_name(device)
-    for (fragment, mm, nn), path in MEASURED_ROUTES.items():
-        if fragment in name and (mm, nn) == (m, n):
-            return path
-    from . import hopper
-
-    if hopper.unavailable_reason(device, (m, n), (m, m)) is None:
-        return "hopper"
-    return "classic"
+    return choose_route(shape, device)[0]
 
 
 # -- the entry point ----------------------------------------------------------------------------
@@ -130,22 +166,30 @@ def _validate(G: torch.Tensor, steps: int, path: str) -> None:
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, path: str = "auto", check_finite: bool = True,
-                  eps: float = NS_EPS) -> torch.Tensor:
+                  eps: float = NS_EPS, graph: bool | None = None) -> torch.Tensor:
     """Orthogonalise G (m x n or batch x m x n; fp32 or bf16) by `steps` quintic iterations.
 
     check_finite: raise ValueError when G holds inf or NaN. It costs one host sync, taken after
     all the work is queued; pass False where no sync is allowed (Muon.step does): a non-finite
     G then gives a NaN result, as torch's iteration would.
+    graph: replay a CUDA graph of the whole call (see _GraphedCall): True, False, or None for
+    the route's choice (``path="auto"``) or graph_by_default's size rule (explicit paths).
+    Never while the caller is itself capturing a graph: the kernels are then launched into it.
+    ``newton_schulz.last_path`` and ``newton_schulz.last_graph`` say what the last call ran.
     """
     _validate(G, steps, path)
     if path == "auto":
-        path = choose_path(tuple(G.shape), G.device)
+        path, route_graph = choose_route(tuple(G.shape), G.device)
+        graph = route_graph if graph is None else graph
+    elif graph is None:
+        graph = graph_by_default(tuple(G.shape), G.device)
+    graph = bool(graph) and G.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
     newton_schulz.last_path = path
-    if path == "torch":
-        out = newton_schulz_ref(G.to(torch.bfloat16), steps, eps).to(G.dtype)
-        norm = None
+    newton_schulz.last_graph = graph
+    if graph:
+        out, norm = _graphed_call(G, steps, path, eps)
     else:
-        out, norm = _newton_schulz_triton(G, steps, path, eps)
+        out, norm = _run(G, steps, path, eps)
     if check_finite:
         if norm is None:
             norm = G.float().norm()
@@ -155,6 +199,68 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, path: str = "auto", check_fin
 
 
 newton_schulz.last_path = None
+newton_schulz.last_graph = False
+
+
+def _run(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The call without a graph: (result, Frobenius norm of G or None)."""
+    if path == "torch":
+        return newton_schulz_ref(G.to(torch.bfloat16), steps, eps).to(G.dtype), None
+    return _newton_schulz_triton(G, steps, path, eps)
+
+
+# -- CUDA graphs ----------------------------------------------------------------------------------
+class _GraphedCall:
+    """One call of a given (path, steps, eps, shape, dtype, device, stream), captured once and
+    replayed: one graph launch instead of 17 kernel launches and their Python.
+
+    The graph reads its input from a static buffer and writes a static output, so a replay is:
+    copy G into the input buffer, replay, clone the output (the caller gets its own tensor; the
+    next call overwrites the static one). Those two copies are each one pass over G, small
+    beside the iteration at the shapes graphs are used for. The buffers (input, output and the
+    iteration's bf16 work matrices, about 2 + 4 matrices of G's size) stay allocated, in the
+    graph's private memory pool, until clear_graph_cache(). One graph per stream: two streams
+    replaying one graph's buffers at once would race.
+    """
+
+    def __init__(self, G: torch.Tensor, steps: int, path: str, eps: float) -> None:
+        self.input = torch.empty(G.shape, dtype=G.dtype, device=G.device)
+        self.input.copy_(G)
+        caller = torch.cuda.current_stream(G.device)
+        # A first call outside capture compiles the kernels and builds the cached tile tables
+        # (a host-to-device copy, which capture forbids); on a side stream, as capture wants.
+        side = torch.cuda.Stream(G.device)
+        side.wait_stream(caller)
+        with torch.cuda.stream(side):
+            _run(self.input, steps, path, eps)
+        caller.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output, self.norm = _run(self.input, steps, path, eps)
+
+    def __call__(self, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.input.copy_(G)
+        self.graph.replay()
+        return self.output.clone(), self.norm
+
+
+_GRAPHS: dict[tuple, _GraphedCall] = {}
+MAX_GRAPHS = 32  # distinct (shape, dtype, path, stream) calls kept; the oldest goes first
+
+
+def _graphed_call(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    key = (path, steps, eps, tuple(G.shape), G.dtype, G.device, torch.cuda.current_stream(G.device).cuda_stream)
+    call = _GRAPHS.get(key)
+    if call is None:
+        if len(_GRAPHS) >= MAX_GRAPHS:
+            del _GRAPHS[next(iter(_GRAPHS))]
+        call = _GRAPHS[key] = _GraphedCall(G, steps, path, eps)
+    return call(G)
+
+
+def clear_graph_cache() -> None:
+    """Drop every captured call and its buffers (they are recaptured on next use)."""
+    _GRAPHS.clear()
 
 
 def _newton_schulz_triton(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Newton-Schulz and Muon on the GPU: bf16 accuracy of both paths at ANCHORS.md's shapes,
-singular-value band, batched input, Muon step parity. Speed: python -m kernelbench.muon.tune."""
+singular-value band, batched input, CUDA-graph replay, Muon step parity.
+Speed: python scripts/probe_muon.py."""
 
 from __future__ import annotations
 
@@ -78,3 +79,42 @@ def test_muon_step_parity_20_steps():
         if value.is_floating_point() and value.dim() > 0:
             assert rel_fro(actual[name], value) <= 2.5e-2, name
 
+
+
+@pytest.mark.parametrize("path", ["classic", "hopper", "torch"])
+@pytest.mark.parametrize("shape", [(1024, 1024), (4096, 1024), (3, 256, 512)], ids=lambda s: "x".join(map(str, s)))
+def test_graph_replay_equals_direct_call(path, shape):
+    """Same kernels, so the same bits; each replay reads its own input and returns its own tensor."""
+    from kernelbench.muon import newton_schulz
+
+    if path == "hopper" and not hopper_ok():
+        pytest.skip("the Hopper path needs sm_90")
+    inputs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    direct = [newton_schulz(G, path=path, graph=False) for G in inputs]
+    graphed = [newton_schulz(G, path=path, graph=True) for G in inputs]  # capture, then 2 replays
+    assert newton_schulz.last_graph
+    for i, (d, g) in enumerate(zip(direct, graphed)):
+        assert torch.equal(d, g), f"input {i}: max diff {(d.float() - g.float()).abs().max().item()}"
+    G = inputs[0].clone()
+    G[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="inf or NaN"):
+        newton_schulz(G, path=path, graph=True)
+
+
+def test_no_graph_of_its_own_inside_a_callers_capture():
+    from kernelbench.muon import newton_schulz
+
+    G = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    expected = newton_schulz(G, path="classic", graph=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        newton_schulz(G, path="classic", graph=False, check_finite=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = newton_schulz(G, path="classic", graph=True, check_finite=False)
+    assert not newton_schulz.last_graph
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
