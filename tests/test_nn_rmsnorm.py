@@ -153,3 +153,27 @@ def test_auto_on_cpu_uses_torch(tmp_path, monkeypatch):
 def test_bad_input(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+# Launch configurations scripts/probe_nn.py sweeps: every one must compute the same thing.
+TUNINGS = [
+    ({"block_m": 4, "num_warps": 4}, {"prefetch": True}),  # several rows per block, prefetching bwd
+    ({"programs_per_sm": 1}, {"programs_per_sm": 1, "prefetch": True}),  # persistent: programs loop
+    ({"block_m": 1, "programs_per_sm": 2}, {"block_m": 2, "num_warps": 2, "programs_per_sm": 1, "prefetch": True}),
+]
+
+
+@pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS, ids=["rows4-prefetch", "persistent", "mixed"])
+def test_launch_overrides_match_reference(fwd_cfg, bwd_cfg):
+    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(43, 200, generator=gen).to(torch.bfloat16)  # 43 rows: partial last blocks
+    w = (1 + 0.1 * torch.randn(200, generator=gen)).to(torch.bfloat16)
+    dy = torch.randn(43, 200, generator=gen).to(torch.bfloat16)
+    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, **fwd_cfg)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, **bwd_cfg)
+    xr, wr = x.double().requires_grad_(True), w.double().requires_grad_(True)
+    ref = rmsnorm_ref(xr, wr, 1e-6)
+    ref.backward(dy.double())
+    check([y, dx, dw], [ref.detach(), xr.grad, wr.grad], torch.bfloat16, True, False)

@@ -148,3 +148,20 @@ def _bad(**over):
 def test_bad_input(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+@pytest.mark.parametrize("tuning", [{"block_h": 1, "block_s": 4, "num_warps": 2}, {"block_h": 4, "block_s": 2}],
+                         ids=["one-head", "four-heads"])
+def test_launch_overrides_match_reference(tuning):
+    """The block shapes scripts/probe_nn.py sweeps, with partial head and sequence blocks."""
+    from kernelbench.nn.rotary import _launch
+
+    gen = torch.Generator().manual_seed(8)
+    q, k = make(2, 6, 3, 7, 32, "bhsd", torch.bfloat16, gen)
+    cos, sin = tables(7, 32, "half")
+    cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    _launch(q, k, qo, ko, cos, sin, None, 0, interleaved=False, backward=False, copy_pass=True, **tuning)
+    rq, rk = rotary_ref(q.double(), k.double(), cos.double(), sin.double())
+    assert_close("q_out", qo, rq, *TOL[torch.bfloat16])
+    assert_close("k_out", ko, rk, *TOL[torch.bfloat16])

@@ -81,6 +81,64 @@ def rmsnorm_ref(
 # Kernels
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _rmsnorm_fwd_rows(
+    row_block,  # which BLOCK_M rows this call normalises
+    x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride, h_ptr, h_stride, rstd_ptr,
+    M, N, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    rows = rows.to(tl.int64)  # offsets of tensors above 2^31 elements
+    if SINGLE_PASS:
+        mask = row_mask[:, None] & (cols < N)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
+            h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + rows[:, None] * h_stride + cols[None, :], h, mask=mask)
+            x = h.to(ACC)  # normalise what is stored, so the backward sees the same h
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+        y = x * rstd[:, None]
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)
+            y = y * w[None, :]
+        tl.store(y_ptr + rows[:, None] * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # BLOCK_M == 1: pass 1 sums squares chunk by chunk, pass 2 reads the row back (from
+        # L2) and writes y. The residual sum is recomputed in pass 2, bit-identically, rather
+        # than read back from h.
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        for start in range(0, N, BLOCK_N):
+            mask = row_mask[:, None] & (start + cols < N)[None, :]
+            offs = start + cols[None, :]
+            x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
+            if HAS_RESIDUAL:
+                r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
+                h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
+                tl.store(h_ptr + rows[:, None] * h_stride + offs, h, mask=mask)
+                x = h.to(ACC)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+        for start in range(0, N, BLOCK_N):
+            mask = row_mask[:, None] & (start + cols < N)[None, :]
+            offs = start + cols[None, :]
+            x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
+            if HAS_RESIDUAL:
+                r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
+                x = (x + r.to(ACC)).to(h_ptr.dtype.element_ty).to(ACC)
+            y = x * rstd[:, None]
+            if HAS_WEIGHT:
+                w = tl.load(w_ptr + start + cols, mask=start + cols < N, other=0.0).to(ACC)
+                y = y * w[None, :]
+            tl.store(y_ptr + rows[:, None] * y_stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rmsnorm_fwd_kernel(
     x_ptr, x_stride,  # input rows (M, N), unit column stride
     res_ptr, res_stride,  # residual added before the norm (HAS_RESIDUAL)
@@ -92,62 +150,22 @@ def _rmsnorm_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per block (1 unless N is small)
     BLOCK_N: tl.constexpr,  # the padded row (single pass) or the chunk width (two passes)
     SINGLE_PASS: tl.constexpr,  # the whole row fits in one block
+    PERSISTENT: tl.constexpr,  # programs loop over row blocks; else one row block per program
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
 ):
     pid = tl.program_id(0)
-    num_programs = tl.num_programs(0)
-    num_row_blocks = tl.cdiv(M, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    for row_block in range(pid, num_row_blocks, num_programs):
-        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = rows < M
-        rows = rows.to(tl.int64)  # offsets of tensors above 2^31 elements
-        if SINGLE_PASS:
-            mask = row_mask[:, None] & (cols < N)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
-            if HAS_RESIDUAL:
-                r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
-                h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
-                tl.store(h_ptr + rows[:, None] * h_stride + cols[None, :], h, mask=mask)
-                x = h.to(ACC)  # normalise what is stored, so the backward sees the same h
-            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-            tl.store(rstd_ptr + rows, rstd, mask=row_mask)
-            y = x * rstd[:, None]
-            if HAS_WEIGHT:
-                w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)
-                y = y * w[None, :]
-            tl.store(y_ptr + rows[:, None] * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-        else:
-            # BLOCK_M == 1: pass 1 sums squares chunk by chunk, pass 2 reads the row back (from
-            # L2) and writes y. The residual sum is recomputed in pass 2, bit-identically, rather
-            # than read back from h.
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
-            for start in range(0, N, BLOCK_N):
-                mask = row_mask[:, None] & (start + cols < N)[None, :]
-                offs = start + cols[None, :]
-                x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
-                if HAS_RESIDUAL:
-                    r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
-                    h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
-                    tl.store(h_ptr + rows[:, None] * h_stride + offs, h, mask=mask)
-                    x = h.to(ACC)
-                acc += x * x
-            rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
-            tl.store(rstd_ptr + rows, rstd, mask=row_mask)
-            for start in range(0, N, BLOCK_N):
-                mask = row_mask[:, None] & (start + cols < N)[None, :]
-                offs = start + cols[None, :]
-                x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
-                if HAS_RESIDUAL:
-                    r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
-                    x = (x + r.to(ACC)).to(h_ptr.dtype.element_ty).to(ACC)
-                y = x * rstd[:, None]
-                if HAS_WEIGHT:
-                    w = tl.load(w_ptr + start + cols, mask=start + cols < N, other=0.0).to(ACC)
-                    y = y * w[None, :]
-                tl.store(y_ptr + rows[:, None] * y_stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if PERSISTENT:
+        for row_block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+            _rmsnorm_fwd_rows(row_block, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
+                              h_ptr, h_stride, rstd_ptr, M, N, eps,
+                              BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC)
+    else:
+        # No loop at all (as liger's forward): nothing loop-carried, no trip-count bookkeeping.
+        _rmsnorm_fwd_rows(pid, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
+                          h_ptr, h_stride, rstd_ptr, M, N, eps,
+                          BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC)
 
 
 @triton.jit
@@ -163,6 +181,7 @@ def _rmsnorm_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,  # the row fits in registers: dw is accumulated here too
+    PREFETCH: tl.constexpr,  # single pass: load the next row block while reducing this one
     HAS_DRES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
@@ -176,14 +195,36 @@ def _rmsnorm_bwd_kernel(
         if HAS_WEIGHT:
             w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        if PREFETCH:
+            # Software pipelining by hand: the next row block's x, dy and rstd are loaded (in
+            # their storage dtype) before this one's reduction, so a program always has a load
+            # in flight instead of stalling on each row's load -> reduce -> store chain.
+            next_rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+            next_mask = (next_rows < M)[:, None] & col_mask[None, :]
+            next_rows64 = next_rows.to(tl.int64)
+            x_next = tl.load(x_ptr + next_rows64[:, None] * x_stride + cols[None, :], mask=next_mask, other=0.0)
+            dy_next = tl.load(dy_ptr + next_rows64[:, None] * dy_stride + cols[None, :], mask=next_mask, other=0.0)
+            rstd_next = tl.load(rstd_ptr + next_rows, mask=next_rows < M, other=0.0)
         for row_block in range(pid, num_row_blocks, num_programs):
             rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < M
-            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-            rows = rows.to(tl.int64)
             mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
-            dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+            if PREFETCH:
+                x_raw, dy_raw, rstd = x_next, dy_next, rstd_next
+                next_rows = rows + num_programs * BLOCK_M
+                next_mask = (next_rows < M)[:, None] & col_mask[None, :]
+                next_rows64 = next_rows.to(tl.int64)
+                x_next = tl.load(x_ptr + next_rows64[:, None] * x_stride + cols[None, :], mask=next_mask, other=0.0)
+                dy_next = tl.load(dy_ptr + next_rows64[:, None] * dy_stride + cols[None, :], mask=next_mask, other=0.0)
+                rstd_next = tl.load(rstd_ptr + next_rows, mask=next_rows < M, other=0.0)
+                rows = rows.to(tl.int64)
+            else:
+                rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+                rows = rows.to(tl.int64)
+                x_raw = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
+                dy_raw = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0)
+            x = x_raw.to(ACC)
+            dy = dy_raw.to(ACC)
             x_hat = x * rstd[:, None]
             g = dy * w[None, :] if HAS_WEIGHT else dy
             mean_gx = tl.sum(g * x_hat, axis=1) / N
@@ -287,17 +328,52 @@ def _device_index(t: torch.Tensor) -> int | None:
     return t.device.index if t.is_cuda else None
 
 
-def _config(n: int, single_pass_max_n: int) -> tuple[int, int, bool, int]:
-    """(BLOCK_M, BLOCK_N, SINGLE_PASS, num_warps) for rows of width n."""
+def _config(n: int, single_pass_max_n: int, block_m: int | None = None,
+            num_warps: int | None = None) -> tuple[int, int, bool, int]:
+    """(BLOCK_M, BLOCK_N, SINGLE_PASS, num_warps) for rows of width n; ``block_m`` and
+    ``num_warps`` override the defaults (scripts/probe_nn.py sweeps them)."""
     if n <= single_pass_max_n:
         block_n = triton.next_power_of_2(n)
-        block_m = max(1, _ELEMENTS_PER_PROGRAM // block_n)
+        if block_m is None:
+            block_m = max(1, _ELEMENTS_PER_PROGRAM // block_n)
         single = True
     else:
+        if block_m not in (None, 1):
+            raise ValueError(f"rmsnorm: rows of width {n} take the two-pass kernels, one row per block")
         block_m, block_n, single = 1, _CHUNK_N, False
-    # 16 fp32 values per thread per live tensor: two 16-byte bf16 vectors per load, low spills.
-    num_warps = min(16, max(4, block_m * block_n // 512))
+    if num_warps is None:
+        # 16 fp32 values per thread per live tensor: two 16-byte bf16 vectors per load, low spills.
+        num_warps = min(16, max(4, block_m * block_n // 512))
     return block_m, block_n, single, num_warps
+
+
+_resident_cache: dict = {}
+
+
+def _resident_per_sm(kernel, args: list, meta: dict, like: torch.Tensor) -> int:
+    """Programs of ``kernel`` that fit on one SM at once (registers, shared memory, threads),
+    read from the compiled kernel; 2 where that cannot be read (the interpreter, another
+    Triton's API), which always fits at <= 16 warps."""
+    if not like.is_cuda:
+        return 2
+    key = (kernel.fn.__name__, like.device.index, str(like.dtype), str(sorted(meta.items())))
+    if key not in _resident_cache:
+        warps = meta["num_warps"]
+        try:
+            compiled = kernel.warmup(*args, grid=(1,), **meta)
+            compiled._init_handles()
+            props = torch.cuda.get_device_properties(like.device)
+            regs = getattr(props, "regs_per_multiprocessor", 65536)
+            smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+            # Registers are allocated per warp in units of 256 (8 per thread).
+            regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+            fits = min(regs // (regs_per_warp * warps), 64 // warps)
+            if compiled.metadata.shared:
+                fits = min(fits, smem // compiled.metadata.shared)
+            _resident_cache[key] = max(1, fits)
+        except Exception:  # noqa: BLE001  (an API difference must not break the backward)
+            _resident_cache[key] = 2
+    return _resident_cache[key]
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -314,18 +390,24 @@ def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 or rows.shape[0] == 0 else rows.contiguous()
 
 
-def _rmsnorm_fwd(x2d, weight, residual2d, eps):
+def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None):
+    """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
+    configuration (None: the default); ``programs_per_sm`` makes the grid persistent."""
     m, n = x2d.shape
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     h = torch.empty_like(y) if residual2d is not None else None
     rstd = torch.empty((m,), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
-    block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N)
+    block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N, block_m, num_warps)
     row_blocks = triton.cdiv(m, block_m)
-    # Two-pass rows are re-read from L2: a persistent grid of 2 programs per SM keeps the rows in
-    # flight (at N = 65536, 264 x 128 KB of bf16) inside it.
-    grid = row_blocks if single else min(row_blocks, 2 * _sm_count(_device_index(x2d)))
+    # Single pass: one row block per program, no loop. Two-pass rows are re-read from L2: a
+    # persistent grid of 2 programs per SM keeps the rows in flight (at N = 65536, 264 x 128 KB
+    # of bf16) inside it.
+    if programs_per_sm is None and not single:
+        programs_per_sm = 2
+    persistent = programs_per_sm is not None
+    grid = min(row_blocks, programs_per_sm * _sm_count(_device_index(x2d))) if persistent else row_blocks
     _rmsnorm_fwd_kernel[(grid,)](
         x2d, x2d.stride(0),
         residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
@@ -333,7 +415,7 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps):
         y, y.stride(0),
         h if h is not None else y, h.stride(0) if h is not None else 0,
         rstd, m, n, eps,
-        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single,
+        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PERSISTENT=persistent,
         HAS_RESIDUAL=residual2d is not None, HAS_WEIGHT=weight is not None, ACC=_tl_acc(x2d.dtype),
         num_warps=num_warps,
     )
@@ -349,36 +431,44 @@ def _sum_rows(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d):
+def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=None, programs_per_sm=None,
+                 prefetch=False):
+    """dx and dw (None without a weight). The keyword arguments override the launch
+    configuration (None: the default); ``prefetch`` applies to the single-pass kernel."""
     m, n = x2d.shape
     dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     if m == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx, dw
-    block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N)
+    block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N, block_m, num_warps)
     row_blocks = triton.cdiv(m, block_m)
     sms = _sm_count(_device_index(x2d))
-    # Persistent: a few programs per SM (4 for single-pass tiles of <= 8 warps, 2 at 16 warps),
-    # each looping over rows; capped at the row blocks so every program writes a dw partial.
-    per_sm = 2 if num_warps >= 16 or not single else 4
-    grid = min(row_blocks, per_sm * sms)
     has_weight = weight is not None
-    dw_partial = (
-        torch.empty((grid, n), dtype=rstd.dtype, device=x2d.device) if single and has_weight else rstd
-    )
-    _rmsnorm_bwd_kernel[(grid,)](
+    args = [
         x2d, x2d.stride(0),
         weight if has_weight else x2d,
         dy2d, dy2d.stride(0),
         dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
         rstd,
         dx, dx.stride(0),
-        dw_partial,
+        rstd,  # dw_partial, allocated once the grid is known
         m, n,
-        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single,
-        HAS_DRES=dres2d is not None, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype),
-        num_warps=num_warps,
+    ]
+    meta = dict(
+        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PREFETCH=prefetch and single,
+        HAS_DRES=dres2d is not None, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype), num_warps=num_warps,
     )
+    # Persistent, each program looping over rows. Single pass: as many programs per SM as can be
+    # resident at once (from the compiled kernel's registers and shared memory); more would run
+    # as a second, partial wave, a tail of one program per SM. Two passes: 2 per SM, so the rows
+    # re-read in pass 2 stay in L2. Capped at the row blocks so every program writes a dw partial.
+    if programs_per_sm is None:
+        programs_per_sm = _resident_per_sm(_rmsnorm_bwd_kernel, args, meta, x2d) if single else 2
+    grid = min(row_blocks, programs_per_sm * sms)
+    if single and has_weight:
+        args[10] = torch.empty((grid, n), dtype=rstd.dtype, device=x2d.device)
+    _rmsnorm_bwd_kernel[(grid,)](*args, **meta)
+    dw_partial = args[10]
     if not has_weight:
         return dx, None
     if not single:

@@ -99,7 +99,7 @@ def _rotate_heads(
     x_ptr, x_sb, x_sh, x_ss, x_sd,  # input (B, H, S, D) through its strides
     o_ptr, o_sb, o_sh, o_ss, o_sd,  # output, same logical shape
     b, h0, H, s_idx, s_mask,
-    c1, c2, s1, s2,  # (BLOCK_S, BLOCK_HALF) cos / sin tiles, in ACC
+    c1, c2, s1, s2,  # (1, BLOCK_S, BLOCK_HALF) cos / sin tiles, in ACC
     D,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -124,8 +124,8 @@ def _rotate_heads(
     o_row = o_ptr + b * o_sb + heads[:, None, None] * o_sh + s64[None, :, None] * o_ss
     x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
     x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
-    out1 = x1 * c1[None, :, :] - x2 * s1[None, :, :]
-    out2 = x2 * c2[None, :, :] + x1 * s2[None, :, :]
+    out1 = x1 * c1 - x2 * s1
+    out2 = x2 * c2 + x1 * s2
     tl.store(o_row + d1[None, None, :] * o_sd, out1.to(o_ptr.dtype.element_ty), mask=mask)
     tl.store(o_row + d2[None, None, :] * o_sd, out2.to(o_ptr.dtype.element_ty), mask=mask)
     if COPY_PASS:
@@ -178,11 +178,14 @@ def _rotary_kernel(
     else:
         d1 = j
         d2 = j + HALF
-    tmask = s_mask[:, None] & (j < HALF)[None, :]
-    c1 = tl.load(cos_ptr + pos[:, None] * cos_stride + d1[None, :], mask=tmask, other=0.0).to(ACC)
-    c2 = tl.load(cos_ptr + pos[:, None] * cos_stride + d2[None, :], mask=tmask, other=0.0).to(ACC)
-    s1 = tl.load(sin_ptr + pos[:, None] * sin_stride + d1[None, :], mask=tmask, other=0.0).to(ACC)
-    s2 = tl.load(sin_ptr + pos[:, None] * sin_stride + d2[None, :], mask=tmask, other=0.0).to(ACC)
+    # Tiles of shape (1, BLOCK_S, BLOCK_HALF): loaded directly in the rank of x's tile, so the
+    # broadcast over heads needs no layout conversion.
+    tmask = s_mask[None, :, None] & (j < HALF)[None, None, :]
+    t_row = pos[None, :, None]
+    c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], mask=tmask, other=0.0).to(ACC)
+    c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], mask=tmask, other=0.0).to(ACC)
+    s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], mask=tmask, other=0.0).to(ACC)
+    s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], mask=tmask, other=0.0).to(ACC)
     if BACKWARD:
         s1, s2 = -s2, -s1
 
@@ -211,14 +214,20 @@ def _bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "bhsd" else t.transpose(1, 2)
 
 
-def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass):
-    """q, k, q_out, k_out as (B, H, S, D) views; cos / sin (positions, rotary_dim)."""
+def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
+            block_h=None, block_s=None, num_warps=None):
+    """q, k, q_out, k_out as (B, H, S, D) views; cos / sin (positions, rotary_dim). block_h,
+    block_s and num_warps override the defaults (powers of two; scripts/probe_nn.py sweeps them)."""
     batch, hq, seq, dim = q.shape
     hk = k.shape[1]
     half = cos.shape[-1] // 2
     block_half = triton.next_power_of_2(half)
-    block_h = min(_MAX_BLOCK_H, triton.next_power_of_2(min(hq, hk)))
-    block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
+    if block_h is None:
+        block_h = min(_MAX_BLOCK_H, triton.next_power_of_2(min(hq, hk)))
+    if block_s is None:
+        block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
+    if num_warps is None:
+        num_warps = 8 if block_h * block_s * block_half >= 2048 else 4
     block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
     head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
     grid = (triton.cdiv(seq, block_s), batch * head_blocks)
@@ -230,8 +239,7 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
         hq, hk, seq, dim,
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=offsets is not None,
-        COPY_PASS=copy_pass and dim > 2 * half, ACC=acc,
-        num_warps=8 if block_h * block_s * block_half >= 2048 else 4,
+        COPY_PASS=copy_pass and dim > 2 * half, ACC=acc, num_warps=num_warps,
     )
 
 

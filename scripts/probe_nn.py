@@ -1,0 +1,328 @@
+"""Tune kernelbench.nn's RMSNorm and rotary kernels: launch configurations side by side with
+liger-kernel and torch.compile, in one process, triton do_bench (median, L2 flushed).
+
+Cases (each prints a table sorted by time, then a BEST line):
+  rms-fwd     RMSNorm bf16 (32768, 4096) forward: forward configs (block_m, num_warps,
+              programs_per_sm = persistent grid)
+  rms-fb      the same shape forward+backward: backward configs (block_m, num_warps,
+              programs_per_sm, prefetch) after the default forward
+  sweep-N     forward+backward at N in --sweep-n, M = 2^27 / N: forward and backward configs
+  rope-fwd    rotary bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128), HF rotate_half:
+              (block_h, block_s, num_warps)
+  rope-fb     rotary forward+backward: the --rope-fb-top fastest forward configs, used both ways
+
+"default" rows go through the public autograd path (rms_norm / apply_rotary, impl="triton");
+config rows call the launch functions directly. Ratios are against the best anchor (liger,
+torch.compile, and for RMSNorm forward F.rms_norm) of the same case; below 1 is faster.
+The last line is a JSON summary of the best config per case.
+
+  python scripts/probe_nn.py                        # everything, ~80 s on an H200
+  python scripts/probe_nn.py --cases rms-fwd,rope-fwd --rms-fwd "block_m=1,num_warps=8;block_m=2,num_warps=16"
+
+Configs on the command line: ';' between configs, ',' between key=value pairs; "default" is the
+built-in choice. A sweep config is "fwd:k=v,...|bwd:k=v,..." (either side may be left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd, rms_norm
+from kernelbench.nn.rotary import _launch, apply_rotary
+from kernelbench.ops.rmsnorm import rmsnorm_ref as hf_rmsnorm
+from kernelbench.ops.rotary import rotary_ref as hf_rotary
+from kernelbench.ops.rotary import rotary_tables
+
+RMS_FWD = ("default;block_m=1,num_warps=4;block_m=1,num_warps=8;block_m=1,num_warps=16;"
+           "block_m=2,num_warps=8;block_m=2,num_warps=16;block_m=4,num_warps=16;"
+           "programs_per_sm=4,num_warps=8;programs_per_sm=8,num_warps=8;programs_per_sm=4,num_warps=16")
+RMS_BWD = ("default;prefetch=1;num_warps=8,programs_per_sm=2;num_warps=8,programs_per_sm=2,prefetch=1;"
+           "num_warps=16,programs_per_sm=1;num_warps=16,programs_per_sm=1,prefetch=1;"
+           "num_warps=16,programs_per_sm=2,prefetch=1;num_warps=4,programs_per_sm=4,prefetch=1;"
+           "block_m=2,num_warps=16,programs_per_sm=2,prefetch=1;num_warps=8,programs_per_sm=8")
+SWEEP = ("default;bwd:prefetch=1;bwd:num_warps=16,programs_per_sm=2,prefetch=1;"
+         "fwd:num_warps=16|bwd:num_warps=16,programs_per_sm=1,prefetch=1;fwd:programs_per_sm=8")
+ROPE = ("default;block_h=1,block_s=32,num_warps=4;block_h=1,block_s=64,num_warps=8;"
+        "block_h=2,block_s=32,num_warps=8;block_h=4,block_s=8,num_warps=4;block_h=4,block_s=16,num_warps=8;"
+        "block_h=8,block_s=4,num_warps=4;block_h=8,block_s=8,num_warps=4;block_h=8,block_s=16,num_warps=8;"
+        "block_h=8,block_s=16,num_warps=16;block_h=8,block_s=32,num_warps=16")
+EPS = 1e-6
+
+
+def parse_configs(text: str) -> list[dict]:
+    configs = []
+    for item in filter(None, (c.strip() for c in text.split(";"))):
+        if item == "default":
+            configs.append({})
+            continue
+        configs.append({k.strip(): int(v) for k, v in (kv.split("=") for kv in item.split(","))})
+    return configs
+
+
+def parse_sweep(text: str) -> list[tuple[dict, dict]]:
+    out = []
+    for item in filter(None, (c.strip() for c in text.split(";"))):
+        sides = {"fwd": {}, "bwd": {}}
+        if item != "default":
+            for part in item.split("|"):
+                side, _, kvs = part.partition(":")
+                sides[side.strip()] = parse_configs(kvs)[0]
+        out.append((sides["fwd"], sides["bwd"]))
+    return out
+
+
+def label(cfg: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
+
+
+class Case:
+    """Rows of one case: (name, kind, ms); prints them sorted with GB/s, % copy, vs best anchor."""
+
+    def __init__(self, name: str, nbytes: int, copy_gbps: float, rep: int):
+        self.name, self.nbytes, self.copy_gbps, self.rep = name, nbytes, copy_gbps, rep
+        self.rows: list[tuple[str, str, float]] = []
+
+    def time(self, name: str, kind: str, fn) -> None:
+        try:
+            fn()  # compile / autotune outside the timing
+            torch.cuda.synchronize()
+            ms = do_bench(fn, warmup=10, rep=self.rep, return_mode="median")
+        except Exception as exc:  # one broken config must not cost the rest of the probe
+            print(f"  {self.name}: {name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", flush=True)
+            return
+        self.rows.append((name, kind, ms))
+
+    def report(self) -> dict:
+        anchors = [ms for _, kind, ms in self.rows if kind == "anchor"]
+        best_anchor = min(anchors) if anchors else None
+        print(f"\n== {self.name}  ({self.nbytes / 2**20:.0f} MiB moved; copy {self.copy_gbps:.0f} GB/s)")
+        print(f"  {'candidate':58s} {'ms':>8s} {'GB/s':>7s} {'%copy':>6s} {'vs anchor':>9s}")
+        for name, kind, ms in sorted(self.rows, key=lambda r: r[2]):
+            gbps = self.nbytes / ms / 1e6
+            ratio = f"{ms / best_anchor:9.3f}" if best_anchor else ""
+            tag = f"[{kind}] " if kind == "anchor" else ""
+            print(f"  {tag + name:58s} {ms:8.4f} {gbps:7.0f} {100 * gbps / self.copy_gbps:6.1f} {ratio}")
+        ours = [(ms, name) for name, kind, ms in self.rows if kind == "ours"]
+        summary = {"case": self.name}
+        if ours:
+            ms, name = min(ours)
+            summary.update(best=name, ms=round(ms, 4), pct_copy=round(100 * self.nbytes / ms / 1e6 / self.copy_gbps, 1))
+            if best_anchor:
+                summary["vs_best_anchor"] = round(ms / best_anchor, 3)
+            print(f"  BEST {self.name}: {name}  {ms:.4f} ms" +
+                  (f"  = {ms / best_anchor:.3f}x best anchor" if best_anchor else ""))
+        sys.stdout.flush()
+        return summary
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(2**27, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=50, return_mode="median")
+    return 2 * src.numel() * 2 / ms / 1e6
+
+
+def liger_rmsnorm():
+    try:
+        import torch.distributed.tensor  # noqa: F401  (liger's forward checks for DTensor inputs)
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        print("liger_kernel not installed: no liger rows", flush=True)
+        return None
+    return lambda x, w: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
+
+
+def liger_rope():
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+    except ImportError:
+        return None
+
+    def run(q, k, cos, sin):
+        out = LigerRopeFunction.apply(q, k, cos.unsqueeze(0), sin.unsqueeze(0))
+        return out[0], out[1]
+
+    return run
+
+
+def rms_inputs(m: int, n: int):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn((m, n), generator=gen, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).bfloat16()
+    dy = torch.randn((m, n), generator=gen, device="cuda").bfloat16()
+    return x, w, dy
+
+
+def autograd_fb(fn, x, w, dy):
+    xg, wg = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+
+    def run():
+        xg.grad = wg.grad = None
+        fn(xg, wg).backward(dy)
+
+    return run
+
+
+def rms_anchors(case: Case, x, w, dy, backward: bool, compile_anchor: bool, liger) -> None:
+    if compile_anchor:
+        compiled = torch.compile(hf_rmsnorm, dynamic=False)
+        fn = lambda a, b: compiled(a, b, EPS)  # noqa: E731
+        case.time("torch.compile", "anchor", autograd_fb(fn, x, w, dy) if backward else lambda: fn(x, w))
+    if liger is not None:
+        case.time("liger", "anchor", autograd_fb(liger, x, w, dy) if backward else lambda: liger(x, w))
+    if not backward:
+        case.time("F.rms_norm", "anchor", lambda: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS))
+    ours = lambda a, b: rms_norm(a, b, EPS, impl="triton")  # noqa: E731
+    case.time("default (autograd path)", "ours", autograd_fb(ours, x, w, dy) if backward else lambda: ours(x, w))
+
+
+def rms_fwd_case(args, copy_gbps, liger) -> dict:
+    x, w, dy = rms_inputs(32768, 4096)
+    case = Case("rms-fwd 32768x4096", 2 * x.numel() * 2, copy_gbps, args.rep)
+    with torch.no_grad():
+        rms_anchors(case, x, w, dy, False, args.compile, liger)
+        for cfg in parse_configs(args.rms_fwd):
+            case.time(f"fwd {label(cfg)}", "ours", lambda cfg=cfg: _rmsnorm_fwd(x, w, None, EPS, **cfg))
+    return case.report()
+
+
+def composite_fb(x, w, dy, fwd_cfg: dict, bwd_cfg: dict):
+    def run():
+        _, _, rstd = _rmsnorm_fwd(x, w, None, EPS, **fwd_cfg)
+        _rmsnorm_bwd(x, w, rstd, dy, None, **bwd_cfg)
+
+    return run
+
+
+def rms_fb_case(args, copy_gbps, liger) -> dict:
+    x, w, dy = rms_inputs(32768, 4096)
+    case = Case("rms-fb 32768x4096", 5 * x.numel() * 2, copy_gbps, args.rep)
+    rms_anchors(case, x, w, dy, True, args.compile, liger)
+    for cfg in parse_configs(args.rms_bwd):
+        case.time(f"fwd default | bwd {label(cfg)}", "ours", composite_fb(x, w, dy, {}, cfg))
+    return case.report()
+
+
+def sweep_case(n: int, args, copy_gbps, liger) -> dict:
+    x, w, dy = rms_inputs(2**27 // n, n)
+    case = Case(f"sweep-n{n} fb {x.shape[0]}x{n}", 5 * x.numel() * 2, copy_gbps, args.rep)
+    rms_anchors(case, x, w, dy, True, args.compile, liger)
+    for fwd_cfg, bwd_cfg in parse_sweep(args.sweep):
+        if not fwd_cfg and not bwd_cfg:
+            continue  # the autograd default row covers it
+        case.time(f"fwd {label(fwd_cfg)} | bwd {label(bwd_cfg)}", "ours", composite_fb(x, w, dy, fwd_cfg, bwd_cfg))
+    summary = case.report()
+    del x, w, dy
+    torch.cuda.empty_cache()
+    return summary
+
+
+def rope_inputs():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn((8, 32, 2048, 128), generator=gen, device="cuda").bfloat16()
+    k = torch.randn((8, 8, 2048, 128), generator=gen, device="cuda").bfloat16()
+    cos, sin = rotary_tables(2048, 128, "cuda", torch.bfloat16)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    return q, k, cos, sin, dq, dk
+
+
+def rope_launch(q, k, cos, sin, cfg: dict, backward: bool):
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch(q, k, q_out, k_out, cos, sin, None, 0, interleaved=False, backward=backward, copy_pass=True, **cfg)
+    return q_out, k_out
+
+
+def rope_cases(args, copy_gbps) -> list[dict]:
+    q, k, cos, sin, dq, dk = rope_inputs()
+    nbytes = 2 * (q.numel() + k.numel()) * 2
+    liger = liger_rope()
+
+    def fb(fn):
+        qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+
+        def run():
+            qg.grad = kg.grad = None
+            torch.autograd.backward(fn(qg, kg, cos, sin), (dq, dk))
+
+        return run
+
+    ours = lambda a, b, c, s: apply_rotary(a, b, c, s, impl="triton")  # noqa: E731
+    compiled = torch.compile(hf_rotary, dynamic=False) if args.compile else None
+    fwd = Case("rope-fwd 8x(32+8)x2048x128", nbytes, copy_gbps, args.rep)
+    with torch.no_grad():
+        if compiled is not None:
+            fwd.time("torch.compile", "anchor", lambda: compiled(q, k, cos, sin))
+        if liger is not None:
+            fwd.time("liger", "anchor", lambda: liger(q, k, cos, sin))
+        fwd.time("default (autograd path)", "ours", lambda: ours(q, k, cos, sin))
+        for cfg in parse_configs(args.rope):
+            if cfg:
+                fwd.time(f"cfg {label(cfg)}", "ours", lambda cfg=cfg: rope_launch(q, k, cos, sin, cfg, False))
+    summaries = [fwd.report()]
+
+    fb_case = Case("rope-fb", 2 * nbytes, copy_gbps, args.rep)
+    if compiled is not None:
+        compiled_fb = torch.compile(hf_rotary, dynamic=False)
+        fb_case.time("torch.compile", "anchor", fb(compiled_fb))
+    if liger is not None:
+        fb_case.time("liger", "anchor", fb(liger))
+    fb_case.time("default (autograd path)", "ours", fb(ours))
+    top = sorted((ms, name) for name, kind, ms in fwd.rows if kind == "ours" and name.startswith("cfg "))
+    for _, name in top[: args.rope_fb_top]:
+        cfg = parse_configs(name.removeprefix("cfg "))[0]
+
+        def run(cfg=cfg):
+            rope_launch(q, k, cos, sin, cfg, False)
+            rope_launch(dq, dk, cos, sin, cfg, True)
+
+        fb_case.time(f"cfg {label(cfg)} (fwd and bwd launches)", "ours", run)
+    summaries.append(fb_case.report())
+    return summaries
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="rms-fwd,rms-fb,sweep,rope", help="comma list of rms-fwd, rms-fb, sweep, rope")
+    parser.add_argument("--sweep-n", default="256,1024,8192,16384,65536")
+    parser.add_argument("--rms-fwd", default=RMS_FWD, help="forward configs of rms-fwd")
+    parser.add_argument("--rms-bwd", default=RMS_BWD, help="backward configs of rms-fb")
+    parser.add_argument("--sweep", default=SWEEP, help="fwd:...|bwd:... configs of each sweep point")
+    parser.add_argument("--rope", default=ROPE, help="rotary configs (block_h, block_s, num_warps)")
+    parser.add_argument("--rope-fb-top", type=int, default=4, help="how many of the fastest rope-fwd configs rope-fb times")
+    parser.add_argument("--rep", type=int, default=40, help="do_bench rep, ms per row")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile anchors")
+    args = parser.parse_args()
+    cases = set(args.cases.split(","))
+    if hasattr(torch._dynamo.config, "recompile_limit"):  # one compiled anchor per sweep shape
+        torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.cache_size_limit = 64
+
+    start = time.time()
+    copy_gbps = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
+          f"copy {copy_gbps:.0f} GB/s", flush=True)
+    liger = liger_rmsnorm()
+    summaries = []
+    if "rms-fwd" in cases:
+        summaries.append(rms_fwd_case(args, copy_gbps, liger))
+    if "rms-fb" in cases:
+        summaries.append(rms_fb_case(args, copy_gbps, liger))
+    if "sweep" in cases:
+        for n in map(int, args.sweep_n.split(",")):
+            summaries.append(sweep_case(n, args, copy_gbps, liger))
+            print(f"  ({time.time() - start:.0f} s so far)", flush=True)
+    if "rope" in cases:
+        summaries.extend(rope_cases(args, copy_gbps))
+    print(f"\nprobe_nn done in {time.time() - start:.0f} s")
+    print(json.dumps({"probe_nn_best": summaries}))
+
+
+if __name__ == "__main__":
+    main()
