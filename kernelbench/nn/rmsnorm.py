@@ -18,7 +18,9 @@ Kernels (block sizes per N are in ``_config``):
   N is small, so a program moves at least 4096 elements); wider rows take two passes over
   8192-wide chunks, the second reading the row back from L2 (a persistent grid of 2 programs per
   SM bounds the rows in flight, so they stay in L2).
-- ``_rmsnorm_bwd_kernel``: rows up to 8192 wide: a persistent grid of a few programs per SM; each
+- ``_rmsnorm_bwd_kernel``: rows up to 8192 wide: a persistent grid of as many programs per SM as
+  can be resident (read from the compiled kernel), optionally loading the next rows while reducing
+  the current ones (PREFETCH); each
   program loops over its rows, writes dx, and keeps its share of dw in fp32 registers, written
   once as a row of an fp32 (programs, N) partial buffer; ``_sum_rows_kernel`` then reduces that
   buffer (a few MB) to dw. The dw reduction thus costs one store per program, not per row.
