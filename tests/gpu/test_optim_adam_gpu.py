@@ -67,23 +67,41 @@ def test_adamw_step_flat_bitwise():
     assert torch.equal(m, opt.state[ref]["exp_avg"]) and torch.equal(v, opt.state[ref]["exp_avg_sq"])
 
 
+def _row_diagnosis(name, step, ours, ref, before):
+    """Which rows differ and by what ratio of update: a constant ratio over a row means that row's
+    step size was off (a wrong step counter gives the ratio of bias corrections of t and t+1)."""
+    a, b, p0 = ours.reshape(ours.shape[0], -1), ref.reshape(ref.shape[0], -1), before.reshape(before.shape[0], -1)
+    bad_rows = ((a - b).abs() > 1e-5 * (b - p0).abs().amax(dim=1, keepdim=True)).any(dim=1).nonzero().flatten()
+    ratios = [((a[r] - p0[r]).norm() / (b[r] - p0[r]).norm()).item() for r in bad_rows[:5].tolist()]
+    return (f"{name}: first off at step {step}, rows {bad_rows[:10].tolist()} ({bad_rows.numel()} rows), "
+            f"update-norm ratio ours/official of those rows {ratios}")
+
+
 def test_adam_mini_fp32_matches_official_on_gpu():
+    """Checked after every step, so a divergence names its step, its rows and its size."""
     from adam_mini import Adam_mini
 
     from kernelbench.optim.adam_mini import AdamMini
 
-    shapes = llama_shapes(vocab=32000, d=1024, layers=2, heads=16, kv_heads=16, hidden=4096)
+    shapes = llama_shapes(vocab=32000, d=1024, layers=3, heads=16, kv_heads=16, hidden=4096)
     init = _named(shapes, seed=3)
     hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, dim=1024, n_heads=16, n_kv_heads=16)
     ours = [(n, torch.nn.Parameter(t.clone())) for n, t in init]
     ref = [(n, torch.nn.Parameter(t.clone())) for n, t in init]
     opt_ours, opt_ref = AdamMini(ours, **hp), Adam_mini(ref, verbose=False, **hp)
     gen = torch.Generator(device="cuda").manual_seed(4)
-    for _ in range(50):
+    for step in range(1, 51):
+        before = [b.detach().clone() for _, b in ref]
         for (_, a), (_, b), g in zip(ours, ref, _grads([p for _, p in ours], gen)):
             a.grad, b.grad = g, g.clone()
         opt_ours.step()
         opt_ref.step()
+        if step <= 10 or step % 10 == 0:
+            for (name, a), (_, b), p0 in zip(ours, ref, before):
+                err = ((a - b).norm() / (b - p0).norm()).item()
+                assert a.dim() < 2 or err < 1e-4, _row_diagnosis(name, step, a.detach(), b.detach(), p0)
+            for (name, a), (_, b) in zip(ours, ref):
+                assert opt_ours.state[a]["step"].item() == step, f"{name}: step counter"
     for (name, a), (_, b), (_, p0) in zip(ours, ref, init):
         change_err = ((a - b).norm() / (b - p0).norm()).item()
         assert change_err < 1e-5, f"{name}: cumulative change off by {change_err:.2e}"
