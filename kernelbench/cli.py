@@ -215,6 +215,7 @@ def run(
     telemetry: Annotated[bool, typer.Option("--telemetry", help="Also record optimizer telemetry (adam-mini: max |update|, max |m|, fp8 scales) after the timed steps.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="dist-adamw only: ranks (GPUs) to start through torch.distributed.run.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="dist-adamw only: timed steps per rank.")] = 50,
+    bucket_mb: Annotated[float, typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB.")] = 64.0,
     seed: SeedOpt = 0,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
@@ -228,7 +229,7 @@ def run(
     if op is not None and config is not None:
         raise _fail("give an op or --config, not both")
     if op == DIST_OP:
-        _run_distributed(nproc, (workload or ["model-370m"]), steps, output_dir, seed)
+        _run_distributed(nproc, (workload or ["model-370m"]), steps, bucket_mb, output_dir, seed)
         return
     with _usage_errors():
         if op is None:
@@ -256,7 +257,8 @@ def run(
 DIST_OP = "dist-adamw"
 
 
-def _run_distributed(nproc: int, workloads: list[str], steps: int, output_dir: Optional[Path], seed: int) -> None:
+def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: float, output_dir: Optional[Path],
+                     seed: int) -> None:
     """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
     from .dist.launch import launch, result_rows
     from .harness.envinfo import fingerprint
@@ -273,7 +275,7 @@ def _run_distributed(nproc: int, workloads: list[str], steps: int, output_dir: O
             with _usage_errors(), _progress() as on_progress:
                 on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
                 try:
-                    result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json")
+                    result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb)
                 except RuntimeError as exc:
                     writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
                                 "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",

@@ -101,7 +101,8 @@ _METRIC_ROWS = {
 
 def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The worker's JSON as kernelbench result rows (long format, as harness.runner writes)."""
-    workload, mode = result["workload"], f"{result['world_size']} ranks"
+    workload = result["workload"]
+    mode = f"{result['world_size']} ranks, {result['bucket_mb']:g} MiB buckets"
 
     def row(candidate, metric, value, unit, message="", status="ok", flags=""):
         return {"op": "dist-adamw", "workload": workload, "mode": mode, "candidate": candidate,
