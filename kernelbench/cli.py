@@ -215,7 +215,7 @@ def run(
     telemetry: Annotated[bool, typer.Option("--telemetry", help="Also record optimizer telemetry (adam-mini: max |update|, max |m|, fp8 scales) after the timed steps.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="dist-adamw only: ranks (GPUs) to start through torch.distributed.run.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="dist-adamw only: timed steps per rank.")] = 50,
-    bucket_mb: Annotated[float, typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB.")] = 64.0,
+    bucket_mb: Annotated[float, typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB.")] = 1024.0,
     seed: SeedOpt = 0,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.

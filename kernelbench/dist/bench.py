@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads())))
     parser.add_argument("--steps", type=int, default=50, help="timed reps per metric")
     parser.add_argument("--warmup", type=int, default=10, help="untimed reps per metric first")
-    parser.add_argument("--bucket-mb", type=float, default=64.0, help="ShardedAdamW bucket size in MiB")
+    parser.add_argument("--bucket-mb", type=float, default=1024.0, help="ShardedAdamW bucket size in MiB")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails")
     parser.add_argument("--output", type=Path, required=True, help="JSON written by rank 0")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 
 
 def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-            bucket_mb: float = 64.0) -> list[str]:
+            bucket_mb: float = 1024.0) -> list[str]:
     """The command line ``launch`` runs (also what a user can paste into a shell)."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
@@ -37,7 +37,7 @@ def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int 
 
 
 def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-           bucket_mb: float = 64.0, timeout_s: float = 900.0) -> dict[str, Any]:
+           bucket_mb: float = 1024.0, timeout_s: float = 900.0) -> dict[str, Any]:
     """Runs the worker on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
     Raises UsageError for bad arguments (checked here, before any process starts), and
