@@ -76,8 +76,6 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-@dataclass
-
 # Measured on 2 H200s over NVLink (NCCL, model-370m, 2026-11-21, results/): a step took 17.8 ms
 # with 16 MiB buckets, 8.16 ms with 64 MiB, 6.65 ms with 256 MiB and 6.30 ms with 1 GiB. Each
 # NCCL call costs a fixed overhead that small buckets pay many times over, while the overlap
@@ -85,6 +83,7 @@ def _round_up(n: int, multiple: int) -> int:
 DEFAULT_BUCKET_BYTES = 2**30
 
 
+@dataclass
 class _Bucket:
     index: int
     group_index: int
