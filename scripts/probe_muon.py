@@ -1,17 +1,20 @@
-"""Newton-Schulz and Muon on the GPU: every path, with and without a CUDA graph, beside torch, in
-one process (~60-90 s on an H200, much of it Triton compiling). Run from the repository root:
+"""Newton-Schulz and Muon on the GPU: Muon's llama-468m step, then auto vs torch per shape.
 
-    python scripts/probe_muon.py            # ANCHORS.md's shapes, Muon's batched llama-468m
-                                            # shapes, then a Muon step on llama-468m
+One process, < 60 s on an H200 (much of it Triton compiling). Run from the repository root:
+
+    python scripts/probe_muon.py            # Muon step on llama-468m (fp32 weights, the batched
+                                            # shapes Muon makes), then auto vs torch eager at
+                                            # ANCHORS.md's and Muon's shapes
+    python scripts/probe_muon.py --variants # every path, with and without a CUDA graph, per shape,
+                                            # and the MEASURED_ROUTES block to paste into
+                                            # kernelbench/muon/newton_schulz.py
     python scripts/probe_muon.py --sweep    # also every (Gram, update) tile config per path
-    python scripts/probe_muon.py --budget 60 --no-step
 
 Times: median of triton.testing.do_bench (L2 flushed before each call). Per shape one line per
 variant: ms, speed-up over torch-eager (the op's anchor), relative Frobenius error against the
 fp32 iteration, and for graph variants whether the result equals the same path's direct call
-bit for bit. Ends with the MEASURED_ROUTES block (fastest variant per shape) to paste into
-kernelbench/muon/newton_schulz.py. Sections that would start after --budget seconds are skipped
-and say so.
+bit for bit. Every section runs under try/except: a failure prints its error and the probe goes
+on. Sections that would start after --budget seconds are skipped and say so.
 """
 
 from __future__ import annotations
@@ -38,12 +41,20 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def rel_fro(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def variants(shape: tuple[int, ...]) -> dict[str, tuple[str, bool] | None]:
-    """variant name -> the (path, graph) route it stands for (None: auto's current choice)."""
+def variants(shape: tuple[int, ...], every: bool) -> dict[str, tuple[str, bool] | None]:
+    """variant name -> the (path, graph) route it stands for (None: auto's current choice);
+    without ``every`` only torch-eager and auto."""
+    if not every:
+        return {"torch-eager": ("torch", False), "auto": None}
     batch, m, n = ns._dims(shape)
     graphs = (False, True) if batch * m * m * n <= GRAPH_PROBE_MAX_WORK else (False,)
     out: dict[str, tuple[str, bool] | None] = {"torch-eager": ("torch", False)}
@@ -56,7 +67,7 @@ def variants(shape: tuple[int, ...]) -> dict[str, tuple[str, bool] | None]:
     return out
 
 
-def probe_shape(shape: tuple[int, ...], device: torch.device) -> dict[str, tuple[float, tuple[str, bool]]]:
+def probe_shape(shape: tuple[int, ...], device: torch.device, every: bool) -> dict[str, tuple[float, tuple[str, bool]]]:
     gen = torch.Generator(device=device).manual_seed(sum(shape))
     G = torch.randn(shape, device=device, generator=gen).to(torch.bfloat16)
     ref = ns.newton_schulz_ref(G.float())
@@ -64,7 +75,7 @@ def probe_shape(shape: tuple[int, ...], device: torch.device) -> dict[str, tuple
     results: dict[str, tuple[float, tuple[str, bool]]] = {}
     label = "x".join(map(str, shape))
     direct: dict[str, torch.Tensor] = {}
-    for name, route in variants(shape).items():
+    for name, route in variants(shape, every).items():
         if name == "torch-eager":
             fn = lambda: ns.newton_schulz_ref(G)  # noqa: E731  the op's anchor, as the harness runs it
         elif route is None:
@@ -73,8 +84,8 @@ def probe_shape(shape: tuple[int, ...], device: torch.device) -> dict[str, tuple
             fn = lambda r=route: ns.newton_schulz(G, path=r[0], graph=r[1], check_finite=False)  # noqa: E731
         try:
             out = fn()
-        except (ValueError, RuntimeError) as err:
-            print(f"  {label} {name}: unavailable: {str(err).splitlines()[0]}")
+        except Exception as err:  # noqa: BLE001  (OutOfResources is not a RuntimeError)
+            print(f"  {label} {name}: failed: {type(err).__name__}: {first_line(err)}", flush=True)
             continue
         if name != "torch-eager":  # what really ran (a graph is refused where it can't be used)
             route = (ns.newton_schulz.last_path, ns.newton_schulz.last_graph)
@@ -109,8 +120,8 @@ def sweep(shape: tuple[int, ...], device: torch.device) -> None:
                     ns.pick_configs = lambda *args, g=gram, u=upd: (g, u)
                     fn = lambda: ns.newton_schulz(G, path=path, graph=False, check_finite=False)  # noqa: E731
                     rows.append((bench(fn), gram, upd))
-        except (ValueError, RuntimeError) as err:
-            print(f"  sweep {path}: {str(err).splitlines()[0]}")
+        except Exception as err:  # noqa: BLE001
+            print(f"  sweep {path}: {type(err).__name__}: {first_line(err)}")
         finally:
             ns.pick_configs = original
         for t, gram, upd in sorted(rows, key=lambda r: r[0])[:3]:
@@ -136,48 +147,67 @@ def probe_muon_step(device: torch.device) -> None:
         opt = Muon(muon_param_groups(named), ns_path=path, **hp)
         try:
             t = bench(opt.step)
-        except (ValueError, RuntimeError) as err:
-            print(f"  muon step ns_path={path}: {str(err).splitlines()[0]}")
+        except Exception as err:  # noqa: BLE001
+            print(f"  muon step ns_path={path}: failed: {type(err).__name__}: {first_line(err)}", flush=True)
             continue
         print(f"  muon step llama-468m  ns_path={path:<8} {t:8.2f} ms  {ref_t / t:5.2f}x  "
               f"(adamw: {opt.adamw_backend}; last NS ran {ns.newton_schulz.last_path}"
               f"{'+graph' if ns.newton_schulz.last_graph else ''})", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=70.0, help="seconds after which sections are skipped")
-    parser.add_argument("--sweep", action="store_true", help="also sweep tile configs per shape")
-    parser.add_argument("--no-step", action="store_true", help="skip the Muon optimizer step")
-    args = parser.parse_args()
-    start = time.perf_counter()
-    device = torch.device("cuda")
+def section(name: str, fn, *args) -> None:
+    """Run one section; a failure is printed and the probe goes on."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001
+        print(f"  {name}: failed: {type(err).__name__}: {first_line(err)}", flush=True)
+
+
+def probe_shapes(device: torch.device, args: argparse.Namespace, start: float) -> None:
     name = torch.cuda.get_device_name(device)
     fragment = name.split()[1] if len(name.split()) > 1 else name
-    print(f"# {name}, triton {triton.__version__}, torch {torch.__version__}; "
-          f"MEASURED_ROUTES entries now: {len(ns.MEASURED_ROUTES)}")
     routes = []
     for shape in ANCHOR_SHAPES + MUON_SHAPES:
+        label = "x".join(map(str, shape))
         if time.perf_counter() - start > args.budget:
-            print(f"  {'x'.join(map(str, shape))}: skipped (budget {args.budget:.0f} s spent)")
+            print(f"  {label}: skipped (budget {args.budget:.0f} s spent)")
             continue
-        results = probe_shape(shape, device)
-        if results:
+        try:
+            results = probe_shape(shape, device, args.variants)
+        except Exception as err:  # noqa: BLE001
+            print(f"  {label}: failed: {type(err).__name__}: {first_line(err)}", flush=True)
+            continue
+        if results and args.variants:
             best = min(results, key=lambda k: results[k][0])
             batch, m, n = ns._dims(shape)
             anchor = results.get("torch-eager", results[best])[0]
             routes.append(((fragment, batch, m, n), results[best][1], results[best][0], anchor))
         if args.sweep:
-            sweep(shape, device)
-    print(f"# {time.perf_counter() - start:.0f} s so far")
-    print("MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {")
-    for key, route, t, anchor in routes:
-        print(f"    {key!r}: {route!r},  # {t:.3f} ms, torch-eager {anchor:.3f} ms: {anchor / t:.2f}x")
-    print("}")
-    if args.no_step or time.perf_counter() - start > args.budget:
+            section(f"sweep {label}", sweep, shape, device)
+    if routes:
+        print("MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {")
+        for key, route, t, anchor in routes:
+            print(f"    {key!r}: {route!r},  # {t:.3f} ms, torch-eager {anchor:.3f} ms: {anchor / t:.2f}x")
+        print("}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=55.0, help="seconds after which sections are skipped")
+    parser.add_argument("--variants", action="store_true", help="every path with and without a graph per shape")
+    parser.add_argument("--sweep", action="store_true", help="also sweep tile configs per shape")
+    parser.add_argument("--no-step", action="store_true", help="skip the Muon optimizer step")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    device = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(device)}, triton {triton.__version__}, torch {torch.__version__}; "
+          f"MEASURED_ROUTES entries now: {len(ns.MEASURED_ROUTES)}", flush=True)
+    if args.no_step:
         print("  muon step: skipped")
     else:
-        probe_muon_step(device)
+        section("muon step", probe_muon_step, device)
+    print(f"# {time.perf_counter() - start:.0f} s so far", flush=True)
+    section("shapes", probe_shapes, device, args, start)
     print(f"# done in {time.perf_counter() - start:.0f} s")
 
 

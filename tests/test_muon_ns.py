@@ -9,6 +9,7 @@ tile logic and math; its speed and the sm_90 compilation are checked in tests/gp
 
 from __future__ import annotations
 
+import collections
 import importlib
 import itertools
 
@@ -18,7 +19,8 @@ import torch
 from kernelbench.muon import choose_path, choose_route, newton_schulz, newton_schulz_ref
 from kernelbench.muon import classic, hopper
 from kernelbench.muon.classic import GemmConfig, upper_tiles
-from kernelbench.muon.newton_schulz import NS_COEFFICIENTS, sym_tile_count
+from kernelbench.muon.newton_schulz import NS_COEFFICIENTS, configs_for, sym_tile_count
+from triton.runtime.errors import OutOfResources
 
 # The module, not the function of the same name that kernelbench.muon exports.
 ns_module = importlib.import_module("kernelbench.muon.newton_schulz")
@@ -211,6 +213,70 @@ def test_upper_tiles_cover_each_element_once():
         assert torch.equal(writes, torch.ones_like(writes)), f"m={m} {bm}x{bn}: {writes.unique().tolist()}"
 
 
+# -- shared memory of the Hopper kernels ----------------------------------------------------------
+def llama_468m_muon_calls() -> list[tuple[int, int, int]]:
+    """(batch, m, n), m <= n, of each Newton-Schulz call Muon.step makes on llama-468m."""
+    from kernelbench.ops.optim_workloads import LLAMA_468M
+    from kernelbench.optim.muon import muon_param_groups
+
+    named = [(name, torch.empty(shape, device="meta")) for name, shape in LLAMA_468M.spec["shapes"]]
+    counts = collections.Counter(tuple(p.shape) for p in muon_param_groups(named)[0]["params"])
+    return [(count, min(shape), max(shape)) for shape, count in counts.items()]
+
+
+def test_smem_model_matches_the_h200_measurement():
+    # The crash of the first llama-468m Muon step on an H200: the fp32 update at 128x256x64 with
+    # 3 stages asked for 278552 B (24 of them mbarriers), past the 232448 B limit.
+    big = GemmConfig(128, 256, 64, num_stages=3, num_warps=8)
+    assert hopper.smem_bytes("update", big, 3, out_itemsize=4) == 278552 - 24
+    assert hopper.stages_that_fit("update", big, out_itemsize=4) == 2
+    assert hopper.stages_that_fit("update", big, out_itemsize=2) == 3  # the bf16 one ran
+    assert hopper.stages_that_fit("gram", big) == 3
+    assert hopper.stages_that_fit("gram-poly", big) == 2
+
+
+@pytest.mark.parametrize("out_itemsize", [2, 4], ids=["bf16-out", "fp32-out"])
+@pytest.mark.parametrize("sms", [132])  # H100 SXM and H200
+def test_optimizer_shapes_fit_shared_memory(sms, out_itemsize):
+    calls = llama_468m_muon_calls()
+    assert sorted(calls) == [(24, 1024, 4096), (48, 1024, 4096), (96, 1024, 1024)]
+    reduced = 0
+    for batch, m, n in calls:
+        gram, upd = configs_for(m, n, batch, sms)
+        for kind, cfg in (("gram", gram), ("gram-poly", gram), ("update", upd)):
+            itemsize = out_itemsize if kind == "update" else 2
+            stages = hopper.stages_that_fit(kind, cfg, itemsize, hopper.SM90_SMEM_LIMIT)
+            need = hopper.smem_bytes(kind, cfg, stages, itemsize) + hopper.SMEM_RESERVE
+            assert need <= hopper.SM90_SMEM_LIMIT, f"{(batch, m, n)} {kind} {cfg}: {need} B with {stages} stages"
+            assert stages >= 2, f"{(batch, m, n)} {kind} {cfg}: the pipeline lost its overlap"
+            reduced += stages < cfg.num_stages
+    assert reduced, "no launch needed fewer stages: the case that crashed is no longer exercised"
+
+
+class _FakeKernel:
+    """Raises OutOfResources, as a Triton launch does, when given more than ``fits`` stages."""
+
+    def __init__(self, fits: int) -> None:
+        self.fits, self.tried = fits, []
+
+    def __getitem__(self, grid):
+        def run(*args, num_stages, **kwargs):
+            self.tried.append(num_stages)
+            if num_stages > self.fits:
+                raise OutOfResources(300_000, 232_448, "shared memory")
+        return run
+
+
+def test_launch_retries_with_fewer_stages_and_remembers():
+    kernel = _FakeKernel(fits=2)
+    classic.launch(kernel, (1,), 4, ("key",))
+    assert kernel.tried == [4, 3, 2]
+    classic.launch(kernel, (1,), 4, ("key",))
+    assert kernel.tried == [4, 3, 2, 2]  # the fitted count, straight away
+    with pytest.raises(OutOfResources):
+        classic.launch(_FakeKernel(fits=0), (1,), 2, ("other",))
+
+
 # -- routing and bad input ---------------------------------------------------------------------
 def test_auto_routes_to_the_interpreted_kernels_on_cpu():
     assert choose_path((64, 64), "cpu") == "classic"
@@ -235,6 +301,17 @@ def test_measured_routes_then_the_default_rule(monkeypatch):
     assert choose_route((64, 1024, 1024), "cuda") == ("hopper", False)
     monkeypatch.setattr(ns_module, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert choose_route((4096, 1024), "cuda") == ("hopper", True)
+
+
+def test_default_rule_agrees_with_the_h200_table(monkeypatch):
+    # An H100 has no measured entries: the default rule must pick what the H200 measured.
+    monkeypatch.setattr(ns_module, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(hopper, "unavailable_reason", lambda device, *shapes: None)
+    assert ns_module.MEASURED_ROUTES
+    for (fragment, batch, m, n), route in ns_module.MEASURED_ROUTES.items():
+        assert fragment == "H200"
+        shape = (batch, m, n) if batch > 1 else (m, n)
+        assert choose_route(shape, "cuda") == route, shape
 
 
 @pytest.mark.parametrize(

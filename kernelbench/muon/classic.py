@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,29 @@ def _tile_table(m: int, block_m: int, block_n: int, group: int, device: torch.de
     return table.to(device)
 
 
+# (kernel, key) -> the stages that fit, for launches whose first try ran out of shared memory.
+_FITTED_STAGES: dict[tuple, int] = {}
+
+
+def launch(kernel, grid: tuple[int, ...], stages: int, key: tuple, *args, **kwargs) -> None:
+    """``kernel[grid](*args, num_stages=stages, **kwargs)``; when Triton reports that the
+    compiled kernel needs more shared memory than the GPU has (OutOfResources, raised before
+    anything runs), retry with one stage fewer, and remember what fit under ``key`` (which must
+    name everything that changes the compiled kernel: config, dtypes, fused epilogues, device)."""
+    stages = _FITTED_STAGES.get((kernel, key, stages), stages)
+    first = stages
+    while True:
+        try:
+            kernel[grid](*args, num_stages=stages, **kwargs)
+            break
+        except OutOfResources:
+            if stages == 1:
+                raise
+            stages -= 1
+    if stages != first:
+        _FITTED_STAGES[(kernel, key, first)] = stages
+
+
 def interpreting() -> bool:
     import os
 
@@ -216,14 +240,15 @@ def sym_gram(x: torch.Tensor, out: torch.Tensor, cfg: GemmConfig, alpha: float =
     """out = X X^T, or alpha * X + beta * X X^T with fuse_poly (X square). x: (batch, M, K)."""
     batch, m, k = x.shape
     tiles = _tile_table(m, cfg.block_m, cfg.block_n, cfg.group_m, x.device)
-    _sym_gram_kernel[(tiles.shape[0], batch)](
+    launch(
+        _sym_gram_kernel, (tiles.shape[0], batch), cfg.num_stages, (cfg, fuse_poly, x.dtype, out.dtype, x.device),
         x, out, tiles, m, k,
         x.stride(0), x.stride(1), x.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         alpha, beta,
         FUSE_POLY=fuse_poly, EVEN_K=k % cfg.block_k == 0, UPCAST=interpreting(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )
     return out
 
@@ -232,7 +257,8 @@ def update(b: torch.Tensor, x: torch.Tensor, out: torch.Tensor, coef: float, cfg
     """out = coef * X + B X. b: (batch, M, M), x and out: (batch, M, N)."""
     batch, m, n = x.shape
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), batch)
-    _update_kernel[grid](
+    launch(
+        _update_kernel, grid, cfg.num_stages, (cfg, x.dtype, out.dtype, out.stride(-1) == 1, x.device),
         b, x, out, m, n,
         b.stride(0), b.stride(1), b.stride(2),
         x.stride(0), x.stride(1), x.stride(2),
@@ -240,7 +266,7 @@ def update(b: torch.Tensor, x: torch.Tensor, out: torch.Tensor, coef: float, cfg
         coef,
         EVEN_K=m % cfg.block_k == 0, UPCAST=interpreting(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )
     return out
 

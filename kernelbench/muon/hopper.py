@@ -17,6 +17,11 @@ docstring first); what changes is how operands reach shared memory and how tiles
   tried by ``python scripts/probe_muon.py --sweep``.
 - The Gram kernels store the direct tile by TMA; the mirrored (transposed) tile is a masked
   pointer store, since TMA stores cannot mask the diagonal block.
+- Shared memory: a persistent kernel keeps the next tile's operand buffers live during the
+  epilogue, so the epilogue's own buffers add to the pipeline's instead of reusing it.
+  smem_bytes models the total and each launch runs the most stages (up to the config's) that
+  fit the device; classic.launch retries with fewer stages if Triton still reports
+  OutOfResources (the model is an estimate of Triton's allocation, not its output).
 """
 
 from __future__ import annotations
@@ -27,7 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .classic import GemmConfig, _tile_table, interpreting
+from .classic import GemmConfig, _tile_table, interpreting, launch
+
+# Shared memory one block may use on sm_90 (227 KiB, H100 and H200 alike); read from the device
+# where there is one. The interpreter uses this value so the stage arithmetic runs on a CPU too.
+SM90_SMEM_LIMIT = 232448
+# Left free for what the model does not count (mbarriers: 24 bytes in the measured kernel).
+SMEM_RESERVE = 1024
 
 
 def descriptor_class():
@@ -162,6 +173,47 @@ def _hopper_update_kernel(
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
 
 
+def smem_bytes(kind: str, cfg: GemmConfig, stages: int, out_itemsize: int = 2) -> int:
+    """Shared memory a Hopper kernel of ``kind`` ("gram", "gram-poly", "update") needs.
+
+    - every kind: ``stages`` bf16 operand buffers of (block_m + block_n) x block_k;
+    - "gram", "gram-poly": the bf16 TMA store buffer of the output tile;
+    - "gram-poly": the epilogue's loaded A tile, converted to the accumulator's layout through
+      shared memory (another bf16 tile);
+    - "update": the output tile converted for the pointer store, at the output's element size
+      (the last iteration writes fp32 when the caller's input is fp32).
+
+    Checked against the H200 (triton 3.6.0): the fp32 update at 128x256x64 with 3 stages asked
+    for 278552 B (this model: 278528, plus 24 B of barriers), the bf16 one ran; the fused Gram
+    at 128x256x64 runs with 2 stages and not 3 (229376 / 278528 here)."""
+    tile = cfg.block_m * cfg.block_n
+    pipeline = stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
+    if kind == "gram":
+        return pipeline + 2 * tile
+    if kind == "gram-poly":
+        return pipeline + 2 * 2 * tile
+    if kind == "update":
+        return pipeline + max(out_itemsize, 2) * tile
+    raise ValueError(f"unknown kernel kind {kind!r}; accepted: gram, gram-poly, update")
+
+
+def stages_that_fit(kind: str, cfg: GemmConfig, out_itemsize: int = 2, limit: int = SM90_SMEM_LIMIT) -> int:
+    """The most pipeline stages, up to cfg.num_stages, whose smem_bytes fit ``limit`` (at least 1)."""
+    stages = cfg.num_stages
+    while stages > 1 and smem_bytes(kind, cfg, stages, out_itemsize) > limit - SMEM_RESERVE:
+        stages -= 1
+    return stages
+
+
+@functools.lru_cache(maxsize=8)
+def smem_limit(device: torch.device) -> int:
+    """Shared memory one block may opt into on ``device`` (SM90_SMEM_LIMIT off CUDA)."""
+    if device.type != "cuda":
+        return SM90_SMEM_LIMIT
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", SM90_SMEM_LIMIT)
+
+
 def _desc(t: torch.Tensor, rows: int, cols: int):
     return descriptor_class().from_tensor(t, [1, rows, cols])
 
@@ -178,19 +230,16 @@ def sym_gram(x: torch.Tensor, out: torch.Tensor, cfg: GemmConfig, alpha: float =
     tiles = _tile_table(m, cfg.block_m, cfg.block_n, cfg.group_m, x.device)
     num_tiles = tiles.shape[0]
     sms, programs = _grid(num_tiles * batch, x.device)
-    # The fused epilogue converts its loaded tile into the accumulator's layout through shared
-    # memory; at 128x256 that scratch plus 3 stages plus the TMA store buffer is 240 KiB, past
-    # the 227 KiB a Hopper block may use (checked by compiling for sm_90), so it runs 2 stages.
-    stages = cfg.num_stages
-    if fuse_poly and cfg.block_m * cfg.block_n >= 128 * 256:
-        stages -= 1
-    _hopper_sym_gram_kernel[(programs,)](
+    kind = "gram-poly" if fuse_poly else "gram"
+    stages = stages_that_fit(kind, cfg, out.element_size(), smem_limit(x.device))
+    launch(
+        _hopper_sym_gram_kernel, (programs,), stages, (kind, cfg, x.dtype, out.dtype, x.device),
         _desc(x, cfg.block_m, cfg.block_k), _desc(x, cfg.block_n, cfg.block_k), x,
         _desc(out, cfg.block_m, cfg.block_n), out, tiles,
         num_tiles, batch, m, k, x.stride(0), x.stride(1), out.stride(0), out.stride(1), alpha, beta,
         FUSE_POLY=fuse_poly, UPCAST=interpreting(), WARP_SPECIALIZE=warp_specialize,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_SMS=sms,
-        num_stages=stages, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )
     return out
 
@@ -201,11 +250,13 @@ def update(b: torch.Tensor, x: torch.Tensor, out: torch.Tensor, coef: float, cfg
     batch, m, n = x.shape
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     sms, programs = _grid(num_tiles * batch, x.device)
-    _hopper_update_kernel[(programs,)](
+    stages = stages_that_fit("update", cfg, out.element_size(), smem_limit(x.device))
+    launch(
+        _hopper_update_kernel, (programs,), stages, ("update", cfg, x.dtype, out.dtype, out.stride(-1) == 1, x.device),
         _desc(b, cfg.block_m, cfg.block_k), _desc(x, cfg.block_k, cfg.block_n), x,
         out, batch, m, n, x.stride(0), x.stride(1), out.stride(0), out.stride(1), out.stride(2), coef,
         UPCAST=interpreting(), WARP_SPECIALIZE=warp_specialize,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms,
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )
     return out

@@ -80,22 +80,42 @@ def _cost(tiles: int, cfg: GemmConfig, sms: int) -> float:
     return math.ceil(tiles / sms) * cfg.block_m * cfg.block_n / THROUGHPUT[(cfg.block_m, cfg.block_n)]
 
 
-@functools.lru_cache(maxsize=256)
-def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[GemmConfig, GemmConfig]:
-    """(Gram config, update config) for X of shape (batch, m, n), by the wave model above."""
-    if device.type != "cuda":
-        return INTERPRETER_CONFIG, INTERPRETER_CONFIG
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+def configs_for(m: int, n: int, batch: int, sms: int) -> tuple[GemmConfig, GemmConfig]:
+    """(Gram config, update config) for X of shape (batch, m, n) on a GPU of ``sms`` SMs, by the
+    wave model above. The stages are the most a launch uses: the Hopper kernels run fewer where
+    the output's epilogue would not fit shared memory (hopper.stages_that_fit)."""
     gram = min(TILE_CONFIGS, key=lambda c: _cost(batch * sym_tile_count(m, c), c, sms))
     upd = min(TILE_CONFIGS, key=lambda c: _cost(batch * math.ceil(m / c.block_m) * math.ceil(n / c.block_n), c, sms))
     return gram, upd
 
 
+@functools.lru_cache(maxsize=256)
+def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[GemmConfig, GemmConfig]:
+    """configs_for on ``device`` (INTERPRETER_CONFIG for both off CUDA)."""
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG, INTERPRETER_CONFIG
+    return configs_for(m, n, batch, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 # -- routing ------------------------------------------------------------------------------------
-# (device-name fragment, batch, m, n) -> (path, graph), from GPU measurements: the ROUTES block
-# that `python scripts/probe_muon.py` prints. Shapes not listed use the default rule in
-# choose_route.
-MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {}
+# (device-name fragment, batch, m, n) -> (path, graph), from GPU measurements: the block that
+# `python scripts/probe_muon.py` prints. Every entry below was measured on an NVIDIA H200
+# (triton 3.6.0, torch 2.11.0+cu130, 2026-11-21); each comment gives the route's median time
+# and torch eager's. No other GPU has entries: on an H100, or any shape not listed, the default
+# rule in choose_route applies (Hopper kernels on sm_90, classic elsewhere; a CUDA graph when
+# batch * m * m * n <= GRAPH_MAX_WORK), which picks the same routes as this table does on the
+# H200. The batched rows are Muon's llama-468m calls (bf16 input in the probe).
+MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {
+    ("H200", 1, 1024, 1024): ("hopper", True),  # 0.136 ms, torch-eager 0.406 ms: 2.98x
+    ("H200", 1, 2048, 2048): ("hopper", True),  # 0.498 ms, torch-eager 0.557 ms: 1.12x
+    ("H200", 1, 4096, 4096): ("hopper", False),  # 2.342 ms, torch-eager 3.447 ms: 1.47x
+    ("H200", 1, 8192, 8192): ("hopper", False),  # 17.789 ms, torch-eager 26.011 ms: 1.46x
+    ("H200", 1, 1024, 4096): ("hopper", True),  # 0.240 ms, torch-eager 0.838 ms: 3.50x
+    ("H200", 1, 512, 2048): ("hopper", True),  # 0.122 ms, torch-eager 0.752 ms: 6.18x
+    ("H200", 96, 1024, 1024): ("hopper", False),  # 4.882 ms, torch-eager 7.766 ms: 1.59x
+    ("H200", 48, 1024, 4096): ("hopper", False),  # 6.925 ms, torch-eager 15.793 ms: 2.28x
+    ("H200", 24, 1024, 4096): ("hopper", False),  # 3.499 ms, torch-eager 5.324 ms: 1.52x
+}
 
 # Replay a CUDA graph of the whole call (see _GraphedCall) when batch * m * m * n is at most this.
 # Below it a call is bound by the host's kernel launches (17 launches at ~30 us each on the

@@ -2,8 +2,12 @@
 
 X = G / (||G||_F + 1e-7), transposed when rows > cols; each iteration A = X X^T,
 B = b A + c A A, X = a X + B X with (a, b, c) = (3.4445, -4.7750, 2.0315).
-FLOP model for m <= n per iteration: 4 m^2 n + 2 m^3 (no symmetry saving counted, so the
-TFLOP/s column is the "effective" rate ANCHORS.md uses).
+FLOP model for m <= n per iteration: the FLOP that must be done, 3 m^2 n + m^3. X X^T and A A
+are symmetric, so only their upper triangle is needed (m^2 n and m^3 instead of 2 m^2 n and
+2 m^3, ANCHORS.md); B X is 2 m^2 n. The TFLOP/s column is therefore the useful rate: a
+candidate that computes the redundant lower half (torch eager and compile, whose cuBLAS GEMMs do
+the full 4 m^2 n + 2 m^3) shows a lower rate than the GPU ran at, and the symmetric kernels can
+no longer appear to beat the matmul ceiling.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _flops(workload: Workload, mode: str) -> int:
     count = 1
     for b in batch:
         count *= b
-    return count * NS_STEPS * (4 * m * m * n + 2 * m**3)
+    return count * NS_STEPS * (3 * m * m * n + m**3)
 
 
 def _bytes(workload: Workload, mode: str) -> int:
@@ -85,13 +89,23 @@ muon_ns = FunctionOp(
 )
 
 
-@muon_ns.candidate("torch-eager", baseline=True)
+# torch's own bf16 iteration misses the op's 2e-2 bound at some anchor shapes (measured on an
+# H200 against the fp32 iteration: 1.7e-2 at 2048, 2.2e-2 at 4096x1024, 3.0e-2 at 2048x512,
+# ours 0.8e-2..1.2e-2): the baselines get a looser bf16 bound so the anchors run in CI, while
+# kernelbench's candidates keep 2e-2.
+_TORCH_BF16 = {
+    torch.bfloat16: Tolerance(0.05, 0.05, fro=3.5e-2,
+                              reason="torch's own bf16 iteration: measured 1.7e-2..3.0e-2 from fp32 on an H200"),
+}
+
+
+@muon_ns.candidate("torch-eager", baseline=True, tolerance=_TORCH_BF16)
 def torch_eager():
     """The iteration in eager PyTorch at the input's dtype (cuBLAS on the GPU)."""
     return newton_schulz_ref
 
 
-@muon_ns.candidate("torch-compile", baseline=True)
+@muon_ns.candidate("torch-compile", baseline=True, tolerance=_TORCH_BF16)
 def torch_compile():
     """torch.compile of the eager iteration."""
     return torch.compile(newton_schulz_ref, dynamic=False)
