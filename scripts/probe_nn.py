@@ -2,6 +2,11 @@
 liger-kernel and torch.compile, in one process, triton do_bench (median, L2 flushed).
 
 Cases (each prints a table sorted by time, then a BEST line):
+  harness     what `kernelbench run` measures: the op's registered candidates (triton, torch-compile,
+              liger) through the harness's own FunctionCase and time_cuda (prepare outside the
+              timing, L2 flushed, median), RMSNorm 32768x4096 and rotary, fwd and fwd+bwd; each row
+              also gives host_us, the host time of one call (perf_counter over back-to-back calls):
+              when host_us nears the GPU time the measurement is launch-bound, not kernel-bound
   rms-fwd     RMSNorm bf16 (32768, 4096) forward: forward configs (block_m, num_warps,
               programs_per_sm = persistent grid)
   rms-fb      the same shape forward+backward: backward configs (block_m, num_warps,
@@ -40,19 +45,18 @@ from kernelbench.ops.rmsnorm import rmsnorm_ref as hf_rmsnorm
 from kernelbench.ops.rotary import rotary_ref as hf_rotary
 from kernelbench.ops.rotary import rotary_tables
 
-RMS_FWD = ("default;block_m=1,num_warps=4;block_m=1,num_warps=8;block_m=1,num_warps=16;"
-           "block_m=2,num_warps=8;block_m=2,num_warps=16;block_m=4,num_warps=16;"
-           "programs_per_sm=4,num_warps=8;programs_per_sm=8,num_warps=8;programs_per_sm=4,num_warps=16")
-RMS_BWD = ("default;prefetch=1;num_warps=8,programs_per_sm=2;num_warps=8,programs_per_sm=2,prefetch=1;"
-           "num_warps=16,programs_per_sm=1;num_warps=16,programs_per_sm=1,prefetch=1;"
-           "num_warps=16,programs_per_sm=2,prefetch=1;num_warps=4,programs_per_sm=4,prefetch=1;"
-           "block_m=2,num_warps=16,programs_per_sm=2,prefetch=1;num_warps=8,programs_per_sm=8")
-SWEEP = ("default;bwd:prefetch=1;bwd:num_warps=16,programs_per_sm=2,prefetch=1;"
-         "fwd:num_warps=16|bwd:num_warps=16,programs_per_sm=1,prefetch=1;fwd:programs_per_sm=8")
-ROPE = ("default;block_h=1,block_s=32,num_warps=4;block_h=1,block_s=64,num_warps=8;"
-        "block_h=2,block_s=32,num_warps=8;block_h=4,block_s=8,num_warps=4;block_h=4,block_s=16,num_warps=8;"
-        "block_h=8,block_s=4,num_warps=4;block_h=8,block_s=8,num_warps=4;block_h=8,block_s=16,num_warps=8;"
-        "block_h=8,block_s=16,num_warps=16;block_h=8,block_s=32,num_warps=16")
+RMS_FWD = ("default;block_m=1,num_warps=8;block_m=2,num_warps=16;block_m=4,num_warps=16;block_m=4,num_warps=8;"
+           "block_m=8,num_warps=16")
+# The backward prefetches by default: prefetch=0 rows show what it buys.
+RMS_BWD = ("default;prefetch=0;num_warps=8,programs_per_sm=2;num_warps=16,programs_per_sm=2;"
+           "block_m=2,num_warps=16,programs_per_sm=2")
+SWEEP = ("default;bwd:prefetch=0;fwd:num_warps=16|bwd:num_warps=16,programs_per_sm=1;fwd:programs_per_sm=2;"
+         "fwd:programs_per_sm=8")
+ROPE = ("default;block_h=1,block_s=32,num_warps=4;block_h=1,block_s=16,num_warps=2;"
+        "block_h=1,block_s=32,num_warps=2;block_h=1,block_s=64,num_warps=4;block_h=1,block_s=64,num_warps=8;"
+        "block_h=1,block_s=128,num_warps=8;block_h=2,block_s=16,num_warps=4;block_h=2,block_s=32,num_warps=4;"
+        "block_h=4,block_s=8,num_warps=4;block_h=4,block_s=16,num_warps=4;block_h=8,block_s=4,num_warps=4;"
+        "block_h=8,block_s=8,num_warps=4;block_h=8,block_s=8,num_warps=8")
 EPS = 1e-6
 
 
@@ -287,16 +291,77 @@ def rope_cases(args, copy_gbps) -> list[dict]:
     return summaries
 
 
+def host_us(fn, calls: int = 20) -> float:
+    """Host time of one call: back-to-back calls, no synchronisation inside the loop."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def harness_cases(args, copy_gbps) -> list[dict]:
+    """The harness's measurement of each registered candidate (see the module docstring)."""
+    from kernelbench.harness.timing import TimingConfig, time_cuda
+    from kernelbench.ops.rmsnorm import rmsnorm
+    from kernelbench.ops.rotary import rotary
+
+    config = TimingConfig(warmup_ms=10, rep_ms=args.rep)
+    summaries = []
+    for op, workload_name in ((rmsnorm, "32768x4096-bf16"), (rotary, "8x32x8x2048x128-bf16")):
+        workload = op.workload(workload_name)
+        for mode in op.modes():
+            case = Case(f"harness {op.name} {workload_name} {mode}", op.bytes_moved(workload, None, mode),
+                        copy_gbps, args.rep)
+            for name in ("triton", "torch-compile", "liger"):
+                try:
+                    cand = op.get_candidate(name)
+                    if cand.requires.unmet("cuda"):
+                        continue
+                    fcase = op.make_case(cand, workload, "cuda", mode)
+                    times, _ = time_cuda(fcase.run, fcase.prepare, config)
+                    ms = sorted(times)[len(times) // 2]
+
+                    def call(fcase=fcase):
+                        fcase.prepare()
+                        fcase.run()
+
+                    host = host_us(call)
+                except Exception as exc:  # noqa: BLE001  (one candidate must not cost the rest)
+                    print(f"  {case.name}: {name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                          flush=True)
+                    continue
+                case.rows.append((f"{name}  (host {host:.0f} us/call)", "ours" if name == "triton" else "anchor", ms))
+                del fcase
+            summaries.append(case.report())
+            torch.cuda.empty_cache()
+    return summaries
+
+
+def guarded(name: str, fn, *args) -> list[dict]:
+    """Run one section; a failure prints and costs only that section."""
+    try:
+        out = fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        print(f"section {name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+        return []
+    return out if isinstance(out, list) else [out]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default="rms-fwd,rms-fb,sweep,rope", help="comma list of rms-fwd, rms-fb, sweep, rope")
-    parser.add_argument("--sweep-n", default="256,1024,8192,16384,65536")
+    parser.add_argument("--cases", default="harness,rms-fwd,rms-fb,sweep,rope",
+                        help="comma list of harness, rms-fwd, rms-fb, sweep, rope")
+    parser.add_argument("--sweep-n", default="256,16384,65536")
     parser.add_argument("--rms-fwd", default=RMS_FWD, help="forward configs of rms-fwd")
     parser.add_argument("--rms-bwd", default=RMS_BWD, help="backward configs of rms-fb")
     parser.add_argument("--sweep", default=SWEEP, help="fwd:...|bwd:... configs of each sweep point")
     parser.add_argument("--rope", default=ROPE, help="rotary configs (block_h, block_s, num_warps)")
     parser.add_argument("--rope-fb-top", type=int, default=4, help="how many of the fastest rope-fwd configs rope-fb times")
-    parser.add_argument("--rep", type=int, default=40, help="do_bench rep, ms per row")
+    parser.add_argument("--rep", type=int, default=30, help="do_bench rep, ms per row")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile anchors")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
@@ -310,16 +375,19 @@ def main() -> None:
           f"copy {copy_gbps:.0f} GB/s", flush=True)
     liger = liger_rmsnorm()
     summaries = []
+    if "harness" in cases:
+        summaries += guarded("harness", harness_cases, args, copy_gbps)
+        print(f"  ({time.time() - start:.0f} s so far)", flush=True)
     if "rms-fwd" in cases:
-        summaries.append(rms_fwd_case(args, copy_gbps, liger))
+        summaries += guarded("rms-fwd", rms_fwd_case, args, copy_gbps, liger)
     if "rms-fb" in cases:
-        summaries.append(rms_fb_case(args, copy_gbps, liger))
+        summaries += guarded("rms-fb", rms_fb_case, args, copy_gbps, liger)
     if "sweep" in cases:
         for n in map(int, args.sweep_n.split(",")):
-            summaries.append(sweep_case(n, args, copy_gbps, liger))
+            summaries += guarded(f"sweep-n{n}", sweep_case, n, args, copy_gbps, liger)
             print(f"  ({time.time() - start:.0f} s so far)", flush=True)
     if "rope" in cases:
-        summaries.extend(rope_cases(args, copy_gbps))
+        summaries += guarded("rope", rope_cases, args, copy_gbps)
     print(f"\nprobe_nn done in {time.time() - start:.0f} s")
     print(json.dumps({"probe_nn_best": summaries}))
 

@@ -13,14 +13,14 @@ Math, for a row x of length N (statistics in fp32 whatever the input dtype):
     dw     = sum over rows of dy * x_hat          (accumulated in fp32)
     dx = dresidual = dh
 
-Kernels (block sizes per N are in ``_config``):
+Kernels (block sizes per N are in ``_config`` and ``_fwd_config``):
 - ``_rmsnorm_fwd_kernel``: rows up to 16384 wide sit in registers (several rows per program when
-  N is small, so a program moves at least 4096 elements); wider rows take two passes over
-  8192-wide chunks, the second reading the row back from L2 (a persistent grid of 2 programs per
-  SM bounds the rows in flight, so they stay in L2).
+  N is small, so a program moves at least 4096 elements, 16384 for N in (2048, 4096]); wider rows
+  take two passes over 8192-wide chunks, the second reading the row back (mostly from L2) on a
+  persistent grid of 8 programs per SM.
 - ``_rmsnorm_bwd_kernel``: rows up to 8192 wide: a persistent grid of as many programs per SM as
-  can be resident (read from the compiled kernel), optionally loading the next rows while reducing
-  the current ones (PREFETCH); each
+  can be resident (read from the compiled kernel), loading the next rows while reducing the
+  current ones (PREFETCH, on by default); each
   program loops over its rows, writes dx, and keeps its share of dw in fp32 registers, written
   once as a row of an fp32 (programs, N) partial buffer; ``_sum_rows_kernel`` then reduces that
   buffer (a few MB) to dw. The dw reduction thus costs one store per program, not per row.
@@ -349,6 +349,17 @@ def _config(n: int, single_pass_max_n: int, block_m: int | None = None,
     return block_m, block_n, single, num_warps
 
 
+@functools.lru_cache(maxsize=None)
+def _fwd_config(n: int) -> tuple[int, int, bool, int]:
+    """The forward's default (BLOCK_M, BLOCK_N, SINGLE_PASS, num_warps) for rows of width n."""
+    if 2048 < n <= 4096:
+        # Measured on an H200 at (32768, 4096) bf16: 4 rows x 16 warps 0.1327 ms (97.8% of copy,
+        # liger 0.1318) against 1 row x 8 warps 0.1353 ms: 16384 elements per program keep more
+        # bytes in flight per SM. Other widths keep the 4096-element rule (not measured better).
+        return _config(n, _FWD_SINGLE_PASS_MAX_N, block_m=16384 // triton.next_power_of_2(n), num_warps=16)
+    return _config(n, _FWD_SINGLE_PASS_MAX_N)
+
+
 _resident_cache: dict = {}
 
 
@@ -358,7 +369,8 @@ def _resident_per_sm(kernel, args: list, meta: dict, like: torch.Tensor) -> int:
     Triton's API), which always fits at <= 16 warps."""
     if not like.is_cuda:
         return 2
-    key = (kernel.fn.__name__, like.device.index, str(like.dtype), str(sorted(meta.items())))
+    # A tuple of the values themselves: this runs on every backward, so no string building.
+    key = (kernel.fn.__name__, like.device.index, like.dtype, *meta.values())
     if key not in _resident_cache:
         warps = meta["num_warps"]
         try:
@@ -401,13 +413,16 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     rstd = torch.empty((m,), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
-    block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N, block_m, num_warps)
+    if block_m is None and num_warps is None:
+        block_m, block_n, single, num_warps = _fwd_config(n)
+    else:
+        block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N, block_m, num_warps)
     row_blocks = triton.cdiv(m, block_m)
-    # Single pass: one row block per program, no loop. Two-pass rows are re-read from L2: a
-    # persistent grid of 2 programs per SM keeps the rows in flight (at N = 65536, 264 x 128 KB
-    # of bf16) inside it.
+    # Single pass: one row block per program, no loop. Two passes: a persistent grid of 8
+    # programs per SM (at most 4 of 16 warps are resident, the rest queue), measured on an H200
+    # at (2048, 65536) bf16 forward+backward: 0.693 ms against 0.705 with 2 per SM.
     if programs_per_sm is None and not single:
-        programs_per_sm = 2
+        programs_per_sm = 8
     persistent = programs_per_sm is not None
     grid = min(row_blocks, programs_per_sm * _sm_count(_device_index(x2d))) if persistent else row_blocks
     _rmsnorm_fwd_kernel[(grid,)](
@@ -434,9 +449,11 @@ def _sum_rows(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 prefetch=False):
+                 prefetch=True):
     """dx and dw (None without a weight). The keyword arguments override the launch
-    configuration (None: the default); ``prefetch`` applies to the single-pass kernel."""
+    configuration (None: the default); ``prefetch`` applies to the single-pass kernel and is on
+    by default: measured on an H200 (bf16, M*N = 2^27) at N = 256, 1024, 4096 and 8192, the
+    backward with it takes 0.338-0.340 ms of forward+backward against 0.370 without."""
     m, n = x2d.shape
     dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     if m == 0:

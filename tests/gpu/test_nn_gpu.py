@@ -100,7 +100,8 @@ def test_autoselect_measures_on_cuda(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fwd_cfg, bwd_cfg", [
-    ({}, {"prefetch": True}),
+    ({}, {}),
+    ({}, {"prefetch": False}),
     ({"programs_per_sm": 4}, {"num_warps": 16, "programs_per_sm": 2, "prefetch": True}),
     ({"block_m": 2, "num_warps": 16}, {"block_m": 2, "num_warps": 16, "prefetch": True}),
 ])
