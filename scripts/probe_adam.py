@@ -1,11 +1,14 @@
-"""TritonAdamW and AdamMini on the GPU in one process, < 90 s on an H200: speed beside the anchors,
-what the compiler made of the loads, and a quick parity check. Prints one JSON line per row.
+"""TritonAdamW and AdamMini on the GPU in one process, < 60 s on an H200: speed beside the anchors,
+a quick parity check, and what the compiler made of the loads. Prints one JSON line per row.
+Each section runs on its own: a failure prints a row with section="error" (and the traceback's
+tail) and the next section still runs.
 
   speed     step() time (triton.testing.do_bench, median, L2 flushed) of TritonAdamW vs torch
             AdamW(fused=True) on model-370m and single-4096x1024 (block / warps variants side by
-            side), and of AdamMini fp32 / bf16 / fp8 vs torch fused AdamW on llama-468m; GB/s from
-            the bytes model (AdamW 28 B/param; Adam-mini 20 / 16 / 14) and the ratio to the anchor
-            with the issue's target.
+            side), and of AdamMini fp32 / bf16 / fp8 vs torch fused AdamW on llama-468m for each
+            (TILE, NUM_WARPS) of MINI_CONFIGS, then the best per state dtype; GB/s from the bytes
+            model (AdamW 28 B/param; Adam-mini 20 / 16 / 14) and the ratio to the anchor with the
+            issue's target. Configs not reached by SOFT_DEADLINE_S are listed as skipped.
   host      microseconds of Python per step() (enqueue only), where the GPU work is small.
   ptx       per compiled kernel: 16-byte (v4) global loads / stores and all global loads in its PTX.
   parity    TritonAdamW vs torch AdamW(foreach=False) after 3 steps on model-370m (max abs diff,
@@ -21,6 +24,7 @@ import gc
 import json
 import re
 import time
+import traceback
 
 import torch
 import triton
@@ -34,6 +38,16 @@ COPY_GBPS = 4221.0  # H200 copy ceiling measured by the lead
 LLAMA_468M = llama_shapes(vocab=32000, d=1024, layers=24, heads=16, kv_heads=16, hidden=4096)
 MINI_HP = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, dim=1024, n_heads=16, n_kv_heads=16)
 ADAMW_HP = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+# TritonAdamW (BLOCK, NUM_WARPS) variants beside the default (1024 / 4, chosen from the last run).
+ADAMW_CONFIGS = [(512, 4), (2048, 4), (1024, 8)]
+# AdamMini (TILE, NUM_WARPS): the default (4096 / 8) first.
+MINI_CONFIGS = [(4096, 8), (2048, 4), (1024, 4), (2048, 8)]
+SOFT_DEADLINE_S = 50.0
+START = time.perf_counter()
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
 
 
 def emit(**row) -> None:
@@ -84,17 +98,20 @@ def adamw_speed(workload, shapes, target):
          gbps=round(28 * n / fused_ms / 1e6), host_us=round(host_us(fused), 1))
     del fused
     default = (adamw_mod.BLOCK, adamw_mod.NUM_WARPS)
-    for block, warps in [default, (2048, 4), (4096, 4), (1024, 4)]:
-        adamw_mod.BLOCK, adamw_mod.NUM_WARPS = block, warps
-        opt = adamw_mod.TritonAdamW([p for _, p in params], **ADAMW_HP)
-        ms = bench_ms(opt)
-        emit(section="speed", workload=workload, candidate="triton", block=block, warps=warps, ms=round(ms, 4),
-             gbps=round(28 * n / ms / 1e6), of_copy=round(28 * n / ms / 1e6 / COPY_GBPS, 3),
-             vs_fused=round(ms / fused_ms, 3), target=target, host_us=round(host_us(opt), 1))
-        del opt
-    adamw_mod.BLOCK, adamw_mod.NUM_WARPS = default
-    del params
-    free()
+    try:
+        for block, warps in [default] + [c for c in ADAMW_CONFIGS if c != default]:
+            adamw_mod.BLOCK, adamw_mod.NUM_WARPS = block, warps
+            opt = adamw_mod.TritonAdamW([p for _, p in params], **ADAMW_HP)
+            ms = bench_ms(opt)
+            emit(section="speed", workload=workload, candidate="triton", block=block, warps=warps,
+                 default=(block, warps) == default, ms=round(ms, 4), gbps=round(28 * n / ms / 1e6),
+                 of_copy=round(28 * n / ms / 1e6 / COPY_GBPS, 3), vs_fused=round(ms / fused_ms, 3), target=target,
+                 host_us=round(host_us(opt), 1))
+            del opt
+    finally:
+        adamw_mod.BLOCK, adamw_mod.NUM_WARPS = default
+        del params
+        free()
 
 
 def adamw_parity(steps=3):
@@ -127,6 +144,7 @@ def adamw_parity(steps=3):
 
 # -- AdamMini ----------------------------------------------------------------------------------
 def mini_speed():
+    """AdamMini fp32 / bf16 / fp8 for each (TILE, NUM_WARPS) of MINI_CONFIGS, then the best of each."""
     params = make_params(LLAMA_468M, seed=3)
     n = numel(params)
     fused = torch.optim.AdamW([p for _, p in params], fused=True, **{k: MINI_HP[k] for k in ADAMW_HP})
@@ -137,18 +155,43 @@ def mini_speed():
     free()
     targets = {"fp32": 0.7, "bf16": 0.6, "fp8": 0.55}
     bytes_per_param = {"fp32": 20, "bf16": 16, "fp8": 14}
-    for state_dtype in ("fp32", "bf16", "fp8"):
-        opt = mini_mod.AdamMini(params, state_dtype=state_dtype, **MINI_HP)
-        ms = bench_ms(opt)
-        gbps = bytes_per_param[state_dtype] * n / ms / 1e6
-        launches = {f"L={plan.block_len}": plan.n_programs for plan in opt._plans.values()}
-        emit(section="speed", workload="llama-468m", candidate=f"triton-{state_dtype}", ms=round(ms, 4),
-             gbps=round(gbps), of_copy=round(gbps / COPY_GBPS, 3), vs_fused=round(ms / fused_ms, 3),
-             target=targets[state_dtype], programs_per_launch=launches)
-        del opt
+    default = (mini_mod.TILE, mini_mod.NUM_WARPS)
+    best: dict[str, tuple] = {}
+    skipped = []
+    try:
+        for tile, warps in MINI_CONFIGS:
+            if (tile, warps) != default and elapsed() > SOFT_DEADLINE_S:
+                skipped.append((tile, warps))
+                continue
+            mini_mod.TILE, mini_mod.NUM_WARPS = tile, warps  # read by the optimizer's constructor
+            for state_dtype in ("fp32", "bf16", "fp8"):
+                try:
+                    opt = mini_mod.AdamMini(params, state_dtype=state_dtype, **MINI_HP)
+                    ms = bench_ms(opt)
+                except Exception as exc:  # one failing variant must not hide the others
+                    emit(section="error", where=f"mini_speed tile={tile} warps={warps} {state_dtype}",
+                         error=f"{type(exc).__name__}: {str(exc)[-400:]}")
+                    free()
+                    continue
+                gbps = bytes_per_param[state_dtype] * n / ms / 1e6
+                launches = {f"L={plan.block_len}": plan.n_programs for plan in opt._plans.values()}
+                emit(section="speed", workload="llama-468m", candidate=f"triton-{state_dtype}", tile=tile,
+                     warps=warps, default=(tile, warps) == default, ms=round(ms, 4), gbps=round(gbps),
+                     of_copy=round(gbps / COPY_GBPS, 3), vs_fused=round(ms / fused_ms, 3),
+                     target=targets[state_dtype], programs_per_launch=launches)
+                if state_dtype not in best or ms < best[state_dtype][0]:
+                    best[state_dtype] = (ms, tile, warps)
+                del opt
+                free()
+    finally:
+        mini_mod.TILE, mini_mod.NUM_WARPS = default
+        del params
         free()
-    del params
-    free()
+    for state_dtype, (ms, tile, warps) in best.items():
+        emit(section="best", workload="llama-468m", candidate=f"triton-{state_dtype}", tile=tile, warps=warps,
+             ms=round(ms, 4), vs_fused=round(ms / fused_ms, 3), target=targets[state_dtype])
+    if skipped:
+        emit(section="skipped", what="mini_speed configs past the soft deadline", configs=skipped)
 
 
 def _kind(name: str) -> str:
@@ -229,17 +272,30 @@ def flat_speed():
     free()
 
 
-def main() -> None:
+def run_section(fn, *args, **kwargs) -> None:
+    """Runs one section; an exception becomes an error row and the probe goes on."""
     start = time.perf_counter()
-    emit(section="env", device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
-    adamw_speed("single-4096x1024", [("weight", (4096, 1024))], target=0.8)
-    adamw_speed("model-370m", model_370m_shapes(), target=0.9)
-    flat_speed()
-    mini_speed()
-    ptx_report()
-    adamw_parity()
-    mini_parity()
-    emit(section="done", seconds=round(time.perf_counter() - start, 1))
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        emit(section="error", where=fn.__name__, error=f"{type(exc).__name__}: {str(exc)[-600:]}",
+             traceback_tail=traceback.format_exc()[-1500:])
+    finally:
+        free()
+    emit(section="time", what=fn.__name__, seconds=round(time.perf_counter() - start, 1))
+
+
+def main() -> None:
+    emit(section="env", device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+         adamw_default=(adamw_mod.BLOCK, adamw_mod.NUM_WARPS), mini_default=(mini_mod.TILE, mini_mod.NUM_WARPS))
+    run_section(adamw_speed, "single-4096x1024", [("weight", (4096, 1024))], target=0.8)
+    run_section(adamw_speed, "model-370m", model_370m_shapes(), target=0.9)
+    run_section(flat_speed)
+    run_section(adamw_parity)
+    run_section(mini_parity)
+    run_section(mini_speed)
+    run_section(ptx_report)
+    emit(section="done", seconds=round(elapsed(), 1))
 
 
 if __name__ == "__main__":

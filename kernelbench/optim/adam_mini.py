@@ -75,7 +75,11 @@ from .adamw import StepIncrementer, reciprocal_in_fp64
 STATE_DTYPES = ("fp32", "bf16", "fp8")
 KINDS = ("adam", "head", "row", "tensor")
 # Elements one program holds in registers: 16 per thread at 8 warps (four 16-byte fp32 vectors
-# per stream per thread), the same trade-off as TritonAdamW's block.
+# per stream per thread). Unlike TritonAdamW's kernel (174 registers at 4096 / 8, one program per
+# SM, hence its smaller block), these kernels compile to 40-130 registers at 4096 / 8 (Triton 3.6,
+# sm_90; 254 for the Adam blocks of biases, L = 1), so several programs share an SM. scripts/probe_adam.py sweeps (TILE, NUM_WARPS) on the
+# GPU; TILE is also the fp8 scale block of blocks longer than one tile. An optimizer reads both
+# when it is constructed (the probe sets them before building one).
 TILE = 4096
 NUM_WARPS = 8
 E4M3_MAX = 448.0
@@ -216,10 +220,15 @@ def _round_to_e4m3(x):
 
 @triton.jit
 def _load_f32(ptr, mask):
-    """Load as fp32; ``mask`` None (a full block) keeps the access unpredicated."""
+    """Load as fp32; ``mask`` None (a full block) keeps the access unpredicated.
+    if / else rather than an early return: the compiler (unlike the interpreter) still generates
+    the statements after a return inside a compile-time ``if``, and ``other`` without a mask is
+    an error there."""
     if mask is None:
-        return tl.load(ptr).to(tl.float32)
-    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(ptr)
+    else:
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return x.to(tl.float32)
 
 
 @triton.jit
@@ -356,9 +365,12 @@ def _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay, 
     scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0, EMULATE_E4M3)
     if M_KIND == 2:
         tl.store(scale_slot, scale)
-    if mask is None:
-        return tl.abs(update), tl.abs(m)
-    return tl.where(mask, tl.abs(update), 0.0), tl.where(mask, tl.abs(m), 0.0)
+    abs_update = tl.abs(update)
+    abs_m = tl.abs(m)
+    if mask is not None:  # no early return in a compile-time if: see _load_f32
+        abs_update = tl.where(mask, abs_update, 0.0)
+        abs_m = tl.where(mask, abs_m, 0.0)
+    return abs_update, abs_m
 
 
 @triton.jit
@@ -476,13 +488,13 @@ class _LaunchPlan:
     step_column = _STEP_COLUMN
 
     def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
-                 states: list[dict], parts: list[Partition], m_kind: int) -> None:
+                 states: list[dict], parts: list[Partition], m_kind: int, tile: int) -> None:
         device = params[0].device
         block_len = parts[0].block_len
         self.key = key
         self.block_len = block_len
         self.cols = triton.next_power_of_2(block_len)
-        self.rows = max(1, TILE // self.cols)
+        self.rows = max(1, tile // self.cols)
         self.per_block = self.rows == 1  # one program per block: _adam_mini_block_kernel
         self.m_kind = m_kind
         table: list[int] = []
@@ -573,6 +585,7 @@ class AdamMini(torch.optim.Optimizer):
         device = named[0][1].device
         self.state_dtype = _resolve_state_dtype(state_dtype, device)
         self._plans: dict[tuple, _LaunchPlan] = {}
+        self._tile, self._num_warps = TILE, NUM_WARPS  # fixed for this optimizer's life (fp8 scale blocks)
         self._increment_steps = StepIncrementer()
         self._launch_key = {id(p): (self._parts[id(p)].block_len, self._m_dtype_name(self._parts[id(p)]))
                             for _, p in named}
@@ -635,7 +648,7 @@ class AdamMini(torch.optim.Optimizer):
         m_shape = (part.n_blocks, part.block_len) if part.kind == "head" else p.shape
         m_dtype = self._m_dtype_name(part)
         if m_dtype == "fp8":
-            scale_blocks = part.n_blocks * (triton.cdiv(part.block_len, TILE) if part.block_len > TILE else 1)
+            scale_blocks = part.n_blocks * (triton.cdiv(part.block_len, self._tile) if part.block_len > self._tile else 1)
             state["m_fp8"] = torch.zeros(m_shape, dtype=torch.float8_e4m3fn, device=device)
             state["m_scale"] = torch.ones(scale_blocks, dtype=torch.float32, device=device)
         else:
@@ -697,9 +710,9 @@ class AdamMini(torch.optim.Optimizer):
             plan.constexprs = dict(
                 DTYPE=_TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[plan.m_kind], M_KIND=plan.m_kind,
                 BLOCK_LEN=plan.block_len, ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(plan.table.device),
-                EMULATE_E4M3=interpreting(), num_warps=NUM_WARPS, enable_fp_fusion=False)
+                EMULATE_E4M3=interpreting(), num_warps=self._num_warps, enable_fp_fusion=False)
             if plan.per_block:
-                plan.constexprs["CHUNK"] = TILE
+                plan.constexprs["CHUNK"] = self._tile
             else:
                 plan.constexprs.update(COLS=plan.cols, ROWS=plan.rows)
             plan.scalars_key = scalars_key
@@ -724,7 +737,7 @@ class AdamMini(torch.optim.Optimizer):
             states.append(self._init_state(p, part))
             parts.append(part)
         m_kind = {"fp32": _M_FP32, "bf16": _M_BF16, "fp8": _M_FP8}[m_dtype]
-        return _LaunchPlan(key, params, grads, states, parts, m_kind)
+        return _LaunchPlan(key, params, grads, states, parts, m_kind, self._tile)
 
 
 _M_TL_DTYPE = {_M_FP32: tl.float32, _M_BF16: tl.bfloat16, _M_FP8: tl.float8e4nv}
