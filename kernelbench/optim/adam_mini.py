@@ -77,9 +77,9 @@ KINDS = ("adam", "head", "row", "tensor")
 # Elements one program holds in registers: 16 per thread at 8 warps (four 16-byte fp32 vectors
 # per stream per thread). Unlike TritonAdamW's kernel (174 registers at 4096 / 8, one program per
 # SM, hence its smaller block), these kernels compile to 40-130 registers at 4096 / 8 (Triton 3.6,
-# sm_90; 254 for the Adam blocks of biases, L = 1), so several programs share an SM. scripts/probe_adam.py sweeps (TILE, NUM_WARPS) on the
-# GPU; TILE is also the fp8 scale block of blocks longer than one tile. An optimizer reads both
-# when it is constructed (the probe sets them before building one).
+# sm_90; 254 for the Adam blocks of biases, L = 1), so several programs share an SM.
+# scripts/probe_adam.py sweeps (TILE, NUM_WARPS) on the GPU. TILE is also the fp8 scale block of
+# blocks longer than one tile; an optimizer reads both when it is constructed.
 TILE = 4096
 NUM_WARPS = 8
 E4M3_MAX = 448.0
