@@ -322,7 +322,7 @@ def harness_cases(args, copy_gbps) -> list[dict]:
                     if cand.requires.unmet("cuda"):
                         continue
                     fcase = op.make_case(cand, workload, "cuda", mode)
-                    times, _ = time_cuda(fcase.run, fcase.prepare, config)
+                    times = time_cuda(fcase.run, fcase.prepare, config).times
                     ms = sorted(times)[len(times) // 2]
 
                     def call(fcase=fcase):

@@ -27,7 +27,7 @@ def main() -> int:
     case = op.make_case(op.get_candidate("torch-fused"), op.workload("single-4096x1024"), "cuda", "step")
     harness, do_bench = [], []
     for _ in range(ROUNDS):
-        harness.append(summarize(*time_cuda(case.run, case.prepare, TimingConfig())).median)
+        harness.append(summarize(time_cuda(case.run, case.prepare, TimingConfig()).times).median)
         do_bench.append(triton.testing.do_bench(case.run, warmup=25, rep=100, return_mode="median"))
     h, d = statistics.median(harness), statistics.median(do_bench)
     result = {

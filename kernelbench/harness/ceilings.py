@@ -39,14 +39,14 @@ def measure_ceilings(device_index: int = 0) -> Ceilings:
     with torch.cuda.device(device_index):
         src = torch.empty(COPY_BYTES // 2 // 4, dtype=torch.float32, device="cuda").uniform_()
         dst = torch.empty_like(src)
-        copy = summarize(*time_cuda(lambda: dst.copy_(src), config=config))
+        copy = summarize(time_cuda(lambda: dst.copy_(src), config=config).times)
         copy_gbps = COPY_BYTES / (copy.median * 1e-3) / 1e9  # bytes read + written
         del src, dst
         gen = torch.Generator(device="cuda").manual_seed(0)
         a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16, generator=gen)
         b = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16, generator=gen)
         out = torch.empty_like(a)
-        mm = summarize(*time_cuda(lambda: torch.matmul(a, b, out=out), config=config))
+        mm = summarize(time_cuda(lambda: torch.matmul(a, b, out=out), config=config).times)
         matmul_tflops = 2 * MATMUL_N**3 / (mm.median * 1e-3) / 1e12
         del a, b, out
         torch.cuda.empty_cache()

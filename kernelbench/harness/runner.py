@@ -163,17 +163,20 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         flush_l2=timing.flush_l2, cuda_graph=timing.cuda_graph,
     )
     times: dict[str, list[float]] = {name: [] for name in cases}
+    host: dict[str, list[float]] = {name: [] for name in cases}
     modes: dict[str, str] = {}
     for _ in range(rounds):
         for name in list(cases):
             case = cases[name]
             try:
-                sample, modes[name] = timer(case.run, case.prepare, per_round)
-                times[name].extend(sample)
+                sample = timer(case.run, case.prepare, per_round)
+                times[name].extend(sample.times)
+                host[name].append(sample.host_ms)
+                modes[name] = sample.mode
             except Exception as exc:  # noqa: BLE001
                 summary.errors += 1
                 emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
-                del cases[name], times[name]
+                del cases[name], times[name], host[name]
                 _free_memory()
 
     stats = {name: summarize(times[name], modes[name]) for name in cases}
@@ -181,7 +184,8 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
     for name, case in cases.items():
         cand = op.get_candidate(name)
         summary.measured += 1
-        for row in _timing_rows(op, cand, workload, mode, stats[name], anchor, ceilings, device):
+        host_ms = sorted(host[name])[len(host[name]) // 2]
+        for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
             emit(row)
         try:
             if device == "cuda":
@@ -231,9 +235,17 @@ def _telemetry_rows(op: Op, workload: Workload, mode: str, name: str, case) -> l
     return rows
 
 
-def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats,
+# A call whose enqueueing takes the host at least this share of the device time kept the GPU
+# waiting for launches: its figure includes launch overhead (as do_bench's would).
+HOST_BOUND_SHARE = 0.7
+
+
+def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats, host_ms: float,
                  anchor: Stats | None, ceilings: Ceilings | None, device: str) -> list[dict]:
     flags = ["noisy"] if st.noisy else []
+    host_bound = device == "cuda" and host_ms >= HOST_BOUND_SHARE * st.median
+    if host_bound:
+        flags.append("host-bound")
     nbytes = op.bytes_moved(workload, cand, mode)
     if device == "cuda" and nbytes is not None:
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -250,6 +262,11 @@ def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Sta
         _row(op, workload, mode, name, "time_min_ms", st.min, "ms", OK),
         _row(op, workload, mode, name, "reps", st.reps, "", OK),
     ]
+    if device == "cuda":
+        rows.append(_row(op, workload, mode, name, "host_enqueue_ms", host_ms, "ms", OK,
+                         "median host time to enqueue one call" + (
+                             f" (>= {HOST_BOUND_SHARE:.0%} of the device time: launch overhead is in the figure)"
+                             if host_bound else "")))
     if anchor is not None and name != op.speed_anchor:
         rows.append(_row(op, workload, mode, name, "ratio_vs_anchor", st.median / anchor.median, "x", OK,
                          f"median / median of {op.speed_anchor} in the same run (below 1: faster)"))

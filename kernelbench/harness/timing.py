@@ -10,9 +10,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
+
+# do_bench flushes with a 256 MB write; the flush is never smaller than that, so that when the
+# host is slower to enqueue a call than the GPU is to run it, both loops give the host the same
+# head start and agree (a smaller flush lets launch latency leak into the timed interval).
+MIN_FLUSH_BYTES = 256 * 2**20
+
+
+class Sample(NamedTuple):
+    """Per-rep device (or host-clock) times in ms, the mode, and the median host time spent
+    enqueueing one call (ms): when that approaches the device time, the GPU waited for the host
+    and the figure includes launch overhead (the runner flags such rows ``host-bound``)."""
+
+    times: list[float]
+    mode: str
+    host_ms: float
 
 
 
@@ -31,13 +46,13 @@ def _no_prep() -> None:
 
 
 class L2Flusher:
-    """Writes a buffer larger than the device's L2 cache, so each rep starts cold (do_bench
-    writes 256 MB; here the size comes from the device: twice its L2, at least 64 MB)."""
+    """Writes a buffer larger than the device's L2 cache, so each rep starts cold: twice the L2
+    the device reports, and at least MIN_FLUSH_BYTES (do_bench's size)."""
 
     def __init__(self, device: torch.device | str = "cuda") -> None:
         props = torch.cuda.get_device_properties(device)
         l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
-        self.nbytes = max(2 * l2, 64 * 2**20)
+        self.nbytes = max(2 * l2, MIN_FLUSH_BYTES)
         self.buffer = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
@@ -48,8 +63,13 @@ def _estimate_count(total_ms: float, per_call_ms: float, lo: int, hi: int) -> in
     return int(max(lo, min(hi, total_ms / max(per_call_ms, 1e-6))))
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
 def time_cuda(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
-              config: TimingConfig = TimingConfig()) -> tuple[list[float], str]:
+              config: TimingConfig = TimingConfig()) -> Sample:
     """Per-rep times of ``fn`` in ms by CUDA events (cold L2 unless disabled), and the mode."""
     if config.cuda_graph:
         return _time_cuda_graph(fn, prepare, config)
@@ -74,18 +94,21 @@ def time_cuda(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
+    host = []
     for i in range(n_reps):
         prepare()
         flush()
         starts[i].record()
+        t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e3)
         ends[i].record()
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return times, "cuda-events" + (", L2 flushed" if config.flush_l2 else ", warm L2")
+    return Sample(times, "cuda-events" + (", L2 flushed" if config.flush_l2 else ", warm L2"), _median(host))
 
 
-def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config: TimingConfig) -> tuple[list[float], str]:
+def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config: TimingConfig) -> Sample:
     """Replays a graph of one call (plus the L2 flush, captured too), and subtracts the median of a
     second graph that only flushes, as tritonbench does, so launch gaps vanish but L2 stays cold.
     ``prepare`` runs once before capture: work that must be redone each rep can't be graphed."""
@@ -133,14 +156,15 @@ def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config
 
     times = replay_times(graph)
     if flush_graph is None:
-        return times, "cuda-graph, warm L2"
+        return Sample(times, "cuda-graph, warm L2", 0.0)
     flush_times = sorted(replay_times(flush_graph))
     flush_ms = flush_times[len(flush_times) // 2]
-    return [max(t - flush_ms, 0.0) for t in times], f"cuda-graph, L2 flush graph ({flush_ms:.4f} ms) subtracted"
+    return Sample([max(t - flush_ms, 0.0) for t in times],
+                  f"cuda-graph, L2 flush graph ({flush_ms:.4f} ms) subtracted", 0.0)
 
 
 def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
-             config: TimingConfig = TimingConfig()) -> tuple[list[float], str]:
+             config: TimingConfig = TimingConfig()) -> Sample:
     """Host-clock timing for CPU candidates (perf_counter around each call)."""
     prepare()
     fn()
@@ -158,4 +182,4 @@ def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return times, "cpu perf_counter"
+    return Sample(times, "cpu perf_counter", _median(times))
