@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .base import Requires, Workload
+from .base import Requires, Tolerance, Workload
 from .function_op import FunctionOp
 
 
@@ -70,7 +70,12 @@ rotary = FunctionOp(
 )
 
 
-@rotary.candidate("torch-eager", baseline=True)
+# Eager bf16 rounds q*cos, rotate_half(q)*sin and their sum separately: three bf16 roundings of
+# values up to ~4, measured at 0.031 max abs from the fp32 reference on an H200 (2026-11-21).
+_EAGER_BF16 = {torch.bfloat16: Tolerance(4e-2, 1e-2, reason="eager bf16: three roundings per element")}
+
+
+@rotary.candidate("torch-eager", baseline=True, tolerance=_EAGER_BF16)
 def torch_eager():
     """HF apply_rotary_pos_emb in eager PyTorch."""
     return rotary_ref
