@@ -219,3 +219,21 @@ def test_bad_inputs_are_clear_errors():
         AdamMini([("w", p)], state_dtype="int8")
     with pytest.raises(TypeError, match="named_parameters"):
         AdamMini([p])
+
+
+def test_forced_two_pass_matches_one_pass_on_rows_of_4096(monkeypatch):
+    # Rows of 4096 (llama-468m's down_proj) are one pass; FORCE_TWO_PASS sends them through the
+    # two-pass path (the GPU probe's switch for isolating a one-pass fault). Both must agree.
+    # The race this guards against (a warp reading a vmean another warp already stored) cannot
+    # happen in the interpreter; scripts/probe_adam_mini_rows.py checks it on the GPU.
+    import kernelbench.optim.adam_mini as adam_mini
+
+    one = named([("mlp.down_proj.weight", (3, 4096))], seed=5)
+    two = clone(one)
+    opt_one = AdamMini(one, **HP)
+    monkeypatch.setattr(adam_mini, "FORCE_TWO_PASS", True)
+    opt_two = AdamMini(two, **HP)
+    run([(opt_one, one), (opt_two, two)], steps=3, seed=6)
+    (_, a), (_, b) = one[0], two[0]
+    assert rel_err(a, b) < 1e-6
+    assert rel_err(opt_one.state[a]["vmean"], opt_two.state[b]["vmean"]) < 1e-6

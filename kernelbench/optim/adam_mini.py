@@ -82,6 +82,10 @@ KINDS = ("adam", "head", "row", "tensor")
 # blocks longer than one tile; an optimizer reads both when it is constructed.
 TILE = 4096
 NUM_WARPS = 8
+# Diagnostic switch (scripts/probe_adam_mini_rows.py): True sends blocks of TILE / 2 < L <= TILE
+# through the two-pass path in TILE / 2 chunks instead of one pass. Read when an optimizer is
+# constructed; fp32 / bf16 state only (under fp8 the chunk is the scale block).
+FORCE_TWO_PASS = False
 E4M3_MAX = 448.0
 
 _WHO = "AdamMini"
@@ -321,6 +325,7 @@ def _adam_mini_rows_kernel(
     mean_sq = tl.sum(g * g, axis=1) * (1.0 / BLOCK_LEN)
     vmean = tl.load(vmean_ptr + rows, mask=row_mask, other=0.0)
     vmean = tl.fma(sq_weight, mean_sq, vmean * beta2)
+    tl.debug_barrier()  # every warp has read the old vmean before one replaces it: see _adam_mini_block_kernel
     tl.store(vmean_ptr + rows, vmean, mask=row_mask)
     h = tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps
     step_size = tl.div_rn(inv_bc1, h)
@@ -339,6 +344,7 @@ def _adam_mini_rows_kernel(
     tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
     scale = _store_m(m_ptr + offs, m, mask, M_KIND, 1, EMULATE_E4M3)
     if M_KIND == 2:
+        tl.debug_barrier()  # every warp has read the old scale before one replaces it
         tl.store(scale_ptr + rows, scale, mask=row_mask)
 
     pid = tl.program_id(0)
@@ -364,6 +370,7 @@ def _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay, 
     tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
     scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0, EMULATE_E4M3)
     if M_KIND == 2:
+        tl.debug_barrier()  # every warp has read the old scale before one replaces it
         tl.store(scale_slot, scale)
     abs_update = tl.abs(update)
     abs_m = tl.abs(m)
@@ -385,7 +392,13 @@ def _adam_mini_block_kernel(
     ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
 ):
     """One program per block. A block of at most CHUNK elements is one pass (g stays in
-    registers); a longer one takes two (mean of g^2, then the update, reading g again)."""
+    registers); a longer one takes two (mean of g^2, then the update, reading g again).
+
+    The barrier before each vmean store: every warp loads the block's vmean itself, and a scalar
+    store is made by one thread. Without a barrier a fast warp could store the new vmean before a
+    slow warp had loaded the old one; the slow warp then applied beta2 twice and its share of the
+    row (1 / num_warps of it) got a smaller update. Seen on an H200 at L = 4096 (one warp of one
+    row in ~24k programs, a different row each run). The same holds for the fp8 scale slots."""
     block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
         table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
     inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
@@ -403,6 +416,7 @@ def _adam_mini_block_kernel(
         g = _load_f32(g_ptr + offs, mask)
         mean_sq = tl.sum(g * g, axis=0) * (1.0 / BLOCK_LEN)
         vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+        tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
         tl.store(vmean_ptr + block, vmean)
         step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
         abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_ptr + block, offs, mask, step_size, lr, decay,
@@ -420,6 +434,7 @@ def _adam_mini_block_kernel(
             acc += g * g
         mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
         vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+        tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
         tl.store(vmean_ptr + block, vmean)
         step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
 
@@ -586,6 +601,9 @@ class AdamMini(torch.optim.Optimizer):
         self.state_dtype = _resolve_state_dtype(state_dtype, device)
         self._plans: dict[tuple, _LaunchPlan] = {}
         self._tile, self._num_warps = TILE, NUM_WARPS  # fixed for this optimizer's life (fp8 scale blocks)
+        if FORCE_TWO_PASS and self.state_dtype == "fp8":
+            raise ValueError(f"{_WHO}: FORCE_TWO_PASS is for fp32 / bf16 state only (fp8 scale blocks are TILE long).")
+        self._force_two_pass = FORCE_TWO_PASS
         self._increment_steps = StepIncrementer()
         self._launch_key = {id(p): (self._parts[id(p)].block_len, self._m_dtype_name(self._parts[id(p)]))
                             for _, p in named}
@@ -712,7 +730,8 @@ class AdamMini(torch.optim.Optimizer):
                 BLOCK_LEN=plan.block_len, ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(plan.table.device),
                 EMULATE_E4M3=interpreting(), num_warps=self._num_warps, enable_fp_fusion=False)
             if plan.per_block:
-                plan.constexprs["CHUNK"] = self._tile
+                one_pass = plan.block_len <= self._tile
+                plan.constexprs["CHUNK"] = self._tile // 2 if (one_pass and self._force_two_pass) else self._tile
             else:
                 plan.constexprs.update(COLS=plan.cols, ROWS=plan.rows)
             plan.scalars_key = scalars_key
