@@ -112,3 +112,13 @@ def test_interpreted_triton_candidates_are_not_timed(monkeypatch, scratch_op):
     run_benchmarks(plan, "cpu", sink, timing=FAST)
     (row,) = sink.rows
     assert row["status"] == "not-measured" and row["value"] is None
+
+
+def test_compile_anchors_get_compiled_code_on_every_shape_of_a_sweep():
+    import torch._dynamo.config as dynamo_config
+
+    from kernelbench.ops import get_op
+
+    get_op("rmsnorm").get_candidate("torch-compile").build()
+    limit = getattr(dynamo_config, "recompile_limit", None) or dynamo_config.cache_size_limit
+    assert limit >= 2 * len(get_op("rmsnorm").workloads)  # a fwd and a fwd+bwd entry per shape

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .base import Requires, Tolerance, Workload
-from .function_op import FunctionOp
+from .function_op import FunctionOp, compile_anchor
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -108,7 +108,7 @@ def torch_eager():
 @muon_ns.candidate("torch-compile", baseline=True, tolerance=_TORCH_BF16)
 def torch_compile():
     """torch.compile of the eager iteration."""
-    return torch.compile(newton_schulz_ref, dynamic=False)
+    return compile_anchor(newton_schulz_ref)
 
 
 # kernelbench's Triton paths iterate in bf16 whatever the input dtype (as Muon does), so on the

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Requires, Tolerance, Workload
-from .function_op import FunctionOp
+from .function_op import FunctionOp, compile_anchor
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,7 +87,7 @@ def torch_rms_norm():
 @rmsnorm.candidate("torch-compile", baseline=True)
 def torch_compile():
     """torch.compile of the eager RMSNorm."""
-    return torch.compile(rmsnorm_ref, dynamic=False)
+    return compile_anchor(rmsnorm_ref)
 
 
 @rmsnorm.candidate("triton", requires=Requires(triton=True))

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .base import Requires, Tolerance, Workload
-from .function_op import FunctionOp
+from .function_op import FunctionOp, compile_anchor
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def torch_eager():
 @rotary.candidate("torch-compile", baseline=True)
 def torch_compile():
     """torch.compile of the eager rotary."""
-    return torch.compile(rotary_ref, dynamic=False)
+    return compile_anchor(rotary_ref)
 
 
 @rotary.candidate("triton", requires=Requires(triton=True))
