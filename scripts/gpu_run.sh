@@ -6,6 +6,8 @@
 #   scripts/gpu_run.sh "kb:run rmsnorm -w sweep-n256-bf16" # any kernelbench command; its report
 #                                                          # folder is named after the step
 # Peer packages (adam-mini, liger-kernel, adafactor8bit) travel as wheels in .whl/ (carried).
+# The copy of the tree there has no .git: prefix the call with KERNELBENCH_GIT_SHA=<commit> so
+# the reports record which commit they measured.
 set -uo pipefail
 OUT=${OUT:-/tmp/kb-out}
 WORK=/tmp/kb

@@ -42,7 +42,11 @@ def _nvidia_smi(index: int) -> dict:
 
 
 def _git_sha() -> str | None:
+    """HEAD of the checkout (``-dirty`` with uncommitted changes), else $KERNELBENCH_GIT_SHA: a
+    copy of the tree without .git (the GPU machine's) is told its commit that way."""
     root = Path(kernelbench.__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return os.environ.get("KERNELBENCH_GIT_SHA")
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
