@@ -14,6 +14,7 @@ registry never imports Triton kernels (``TRITON_INTERPRET`` must be set before t
 
 from __future__ import annotations
 
+import abc
 import difflib
 import importlib.util
 from dataclasses import dataclass, field
@@ -170,8 +171,8 @@ class Case(Protocol):
         """Persistent state the candidate holds (optimizers), None when not applicable."""
 
 
-class Op:
-    """Base of every op. Subclasses define ``kind`` and ``make_case``."""
+class Op(abc.ABC):
+    """Base of every op. Subclasses (FunctionOp, OptimizerOp) define ``kind`` and build cases."""
 
     kind = "op"
 
@@ -290,11 +291,13 @@ class Op:
     def modes(self) -> tuple[str, ...]:
         return ("step",)
 
+    @abc.abstractmethod
     def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> Case:
-        raise NotImplementedError  # subclasses: FunctionOp, OptimizerOp
+        """The case that runs ``candidate`` on ``workload``."""
 
+    @abc.abstractmethod
     def make_reference_case(self, workload: Workload, device: str, mode: str) -> Case:
-        raise NotImplementedError  # subclasses: FunctionOp, OptimizerOp
+        """The case that runs the op's reference on ``workload``."""
 
     def bytes_moved(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
         return None
