@@ -91,6 +91,13 @@ def list_cmd(device: DeviceOpt = "auto",
                                               ("baseline", cand.baseline)) if on)
             tags = ", ".join(f"{k}={v}" for k, v in cand.tags.items())
             table.add_row(op.name, cand.name, tags, role, runs, cand.doc)
+    # dist-adamw runs several processes, so it is no registry op; listed here all the same.
+    gpus = _gpu_count()
+    dist_runs = ("[green]yes[/]" if gpus >= 2 else
+                 "[yellow]CPU ranks on Gloo: a run-through, not a measurement[/]" if gpus == 0 else
+                 f"[dim]no: needs 2 GPUs, {gpus} visible[/]")
+    table.add_row(DIST_OP, "sharded-zero1, allreduce+torch-fused", "", "", dist_runs,
+                  "ShardedAdamW vs all-reduce + fused AdamW: kernelbench run dist-adamw --nproc N")
     console.print(table)
     from .ops import LOAD_ERRORS
 
@@ -296,6 +303,12 @@ def _cuda_visible() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @app.command()

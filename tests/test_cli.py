@@ -24,6 +24,7 @@ def test_list_shows_every_op_and_why_a_candidate_cannot_run():
         assert op in result.output
     assert "needs CUDA" in result.output  # torch-adamw-fused in adam-mini
     assert "model-370m" in result.output and "llama-tiny" in result.output
+    assert "dist-adamw" in result.output and "Gloo" in result.output
 
 
 def test_run_writes_the_four_report_files(tmp_path):
