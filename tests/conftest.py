@@ -18,7 +18,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run on the GPU machine (scripts/gpu_evidence.sh)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run on the GPU machine (scripts/gpu_run.sh gputests)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
