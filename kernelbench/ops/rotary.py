@@ -6,7 +6,6 @@ and writes q and k, 2s per element; forward+backward doubles that (cos / sin are
 
 from __future__ import annotations
 
-import math
 
 import torch
 

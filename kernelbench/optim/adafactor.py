@@ -54,7 +54,6 @@ are deterministic. Parameters and gradients: fp32, contiguous.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -770,7 +769,6 @@ class Adafactor8bit(torch.optim.Optimizer):
         items: list[int] = []
         col_items: list[int] = []
         buckets: list[_Bucket] = []
-        sizes = {"rowtmp": 0, "coltmp": 0, "colpart": 0, "rmean": 0}
         ordered = []
         for (factored, quant), group_entries in sorted(kinds.items(), key=lambda kv: (not kv[0][0], not kv[0][1])):
             if factored:
