@@ -25,6 +25,7 @@ iteration in torch bf16 matmuls and torch.optim.AdamW(foreach=False): the parity
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any, Callable, Iterable, Sequence
 
@@ -57,7 +58,7 @@ def update_scale(shape: torch.Size) -> float:
     return math.sqrt(max(1.0, shape[0] / shape[1]))
 
 
-class _MuonBase(torch.optim.Optimizer):
+class _MuonBase(torch.optim.Optimizer, abc.ABC):
     """Hyperparameters, validation and the AdamW side shared by Muon and MuonReference."""
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
@@ -100,8 +101,9 @@ class _MuonBase(torch.optim.Optimizer):
     def uses_muon(group: dict, p: torch.Tensor) -> bool:
         return bool(group["use_muon"]) and p.dim() == 2
 
+    @abc.abstractmethod
     def _make_adamw(self, groups: list[dict]) -> torch.optim.Optimizer:
-        raise NotImplementedError
+        """The AdamW that steps the params Muon does not (TritonAdamW, or torch's in the reference)."""
 
     def _adamw_step(self) -> None:
         if self._adamw is None:
