@@ -54,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..fast_launch import CachedLauncher
 from ._triton_utils import (
     check_device_supported,
     check_param_and_grad,
@@ -301,12 +302,19 @@ def adamw_step_flat(
         return
     step.add_(1.0)
     grid = (triton.cdiv(param.numel(), BLOCK),)
-    _adamw_flat_kernel[grid](
-        param, grad, exp_avg, exp_avg_sq, step, param.numel(),
-        *_host_scalars(_check_lr(lr), beta1, beta2, eps, weight_decay),
-        MAXIMIZE=bool(maximize), INV_BC2_FP64=reciprocal_in_fp64(param.device), BLOCK_SIZE=BLOCK,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
-    )
+    key = (grid, bool(maximize), reciprocal_in_fp64(param.device))
+    launch = _FLAT_LAUNCHERS.get(key)
+    if launch is None:
+        launch = _FLAT_LAUNCHERS[key] = CachedLauncher(
+            _adamw_flat_kernel, grid, MAXIMIZE=key[1], INV_BC2_FP64=key[2], BLOCK_SIZE=BLOCK,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
+    launch(param, grad, exp_avg, exp_avg_sq, step, param.numel(),
+           *_host_scalars(_check_lr(lr), beta1, beta2, eps, weight_decay))
+
+
+# adamw_step_flat's launchers, by (grid, maximize, reciprocal in fp64): a sharded optimizer calls
+# it with the same few bucket sizes every step.
+_FLAT_LAUNCHERS: dict[tuple, CachedLauncher] = {}
 
 
 class StepIncrementer:
@@ -320,6 +328,7 @@ class StepIncrementer:
     def __init__(self) -> None:
         self._plans: tuple = ()
         self._table: torch.Tensor | None = None
+        self._launchers: dict[int, CachedLauncher] = {}  # by number of programs
 
     def __call__(self, plans: list) -> None:
         if not plans:
@@ -333,8 +342,12 @@ class StepIncrementer:
                 self._plans = tuple(plans)
                 self._table = upload_int64([a for plan in plans for a in plan.step_addresses], plans[0].table.device)
             table, n, stride, column = self._table, self._table.numel(), 1, 0
-        increment_steps_kernel[(triton.cdiv(n, STEP_BLOCK),)](table, n, stride, column, BLOCK_SIZE=STEP_BLOCK,
-                                                              num_warps=4)
+        programs = triton.cdiv(n, STEP_BLOCK)
+        launch = self._launchers.get(programs)
+        if launch is None:
+            launch = self._launchers[programs] = CachedLauncher(increment_steps_kernel, (programs,),
+                                                                BLOCK_SIZE=STEP_BLOCK, num_warps=4)
+        launch(table, n, stride, column)
 
 
 class _LaunchPlan:
@@ -364,7 +377,8 @@ class _LaunchPlan:
         self.grid = (self.n_programs,)
         self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
         self.scalars: tuple = ()
-        self.constexprs: dict = {}
+        self.launch: CachedLauncher | None = None  # for the group's current compile-time flags
+        self.launchers: dict[tuple[bool, bool], CachedLauncher] = {}  # by (amsgrad, maximize)
 
 
 class TritonAdamW(torch.optim.Optimizer):
@@ -459,19 +473,24 @@ class TritonAdamW(torch.optim.Optimizer):
         return plan
 
     def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype) -> None:
-        # Hyperparameters are read every step (LR schedulers), converted only when they change.
+        # Hyperparameters are read every step (LR schedulers), converted only when they change;
+        # the launcher depends only on the compile-time flags, so a new lr keeps the fast launch.
         scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"], group["amsgrad"],
                        group["maximize"])
         if plan.scalars_key != scalars_key:
             lr = _check_lr(group["lr"])
             beta1, beta2 = group["betas"]
             plan.scalars = _host_scalars(lr, beta1, beta2, group["eps"], group["weight_decay"])
-            plan.constexprs = dict(
-                DTYPE=_TL_DTYPE[dtype], AMSGRAD=bool(group["amsgrad"]), MAXIMIZE=bool(group["maximize"]),
-                ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(plan.table.device), BLOCK_SIZE=BLOCK,
-                num_warps=NUM_WARPS, enable_fp_fusion=False)
+            flags = (bool(group["amsgrad"]), bool(group["maximize"]))
+            plan.launch = plan.launchers.get(flags)
+            if plan.launch is None:
+                plan.launch = plan.launchers[flags] = CachedLauncher(
+                    _adamw_group_kernel, plan.grid,
+                    DTYPE=_TL_DTYPE[dtype], AMSGRAD=flags[0], MAXIMIZE=flags[1], ALIGNED=plan.aligned,
+                    INV_BC2_FP64=reciprocal_in_fp64(plan.table.device), BLOCK_SIZE=BLOCK,
+                    num_warps=NUM_WARPS, enable_fp_fusion=False)
             plan.scalars_key = scalars_key
-        _adamw_group_kernel[plan.grid](plan.table, plan.n_tensors, *plan.scalars, **plan.constexprs)
+        plan.launch(plan.table, plan.n_tensors, *plan.scalars)
 
     def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> _LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)

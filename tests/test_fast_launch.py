@@ -1,0 +1,92 @@
+"""CachedLauncher's bookkeeping, with a stand-in for a Triton kernel (the real fast path needs a
+GPU: tests/gpu run every optimizer step after the first through it)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernelbench import fast_launch
+from kernelbench.fast_launch import CachedLauncher
+
+
+class FakeCompiled:
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.run = object()
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("direct", grid, args))
+
+
+class FakeKernel:
+    """Parameters (ptr, n, BLOCK: constexpr, scale, FLAG: constexpr), like a @triton.jit function."""
+
+    def __init__(self) -> None:
+        names = [("ptr", False), ("n", False), ("BLOCK", True), ("scale", False), ("FLAG", True)]
+        self.params = [SimpleNamespace(name=n, is_constexpr=c) for n, c in names]
+        self.log: list = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.log.append(("triton", grid, args, meta))
+            return FakeCompiled(self.log)
+        return launch
+
+
+@pytest.fixture
+def compiled_mode(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(fast_launch.torch.cuda, "current_device", lambda: 0)
+
+
+def test_first_launch_goes_through_triton_then_direct_with_constexprs_in_place(compiled_mode):
+    kernel = FakeKernel()
+    launch = CachedLauncher(kernel, (7,), BLOCK=128, FLAG=True, num_warps=4)
+    x = torch.zeros(64)
+    launch(x, 1000, 0.5)
+    launch(x, 1010, 0.25)
+    assert kernel.log[0] == ("triton", (7,), (x, 1000, 0.5), {"BLOCK": 128, "FLAG": True, "num_warps": 4})
+    kind, grid, args = kernel.log[1]
+    assert (kind, grid) == ("direct", (7,))
+    assert args[0] is x and list(args[1:]) == [1010, 128, 0.25, True]
+
+
+@pytest.mark.parametrize("first, second", [
+    (1000, 1),          # an int that becomes 1 (Triton specializes on == 1)
+    (1000, 1024),       # ... or divisible by 16
+    (1000, 2**40),      # ... or needs 64 bits
+])
+def test_a_change_triton_specializes_on_goes_back_through_triton(compiled_mode, first, second):
+    kernel = FakeKernel()
+    launch = CachedLauncher(kernel, (1,), BLOCK=8, FLAG=False)
+    x = torch.zeros(8)
+    launch(x, first, 1.0)
+    launch(x, second, 1.0)
+    assert [entry[0] for entry in kernel.log] == ["triton", "triton"]
+    launch(x, second, 2.0)  # the same shape again: cached
+    assert kernel.log[-1][0] == "direct"
+
+
+def test_tensor_dtype_and_alignment_are_part_of_the_key(compiled_mode):
+    kernel = FakeKernel()
+    launch = CachedLauncher(kernel, (1,), BLOCK=8, FLAG=False)
+    base = torch.zeros(64)
+    launch(base, 3, 1.0)
+    launch(base[1:], 3, 1.0)  # 4 bytes off a 16-byte boundary
+    launch(base.to(torch.float64), 3, 1.0)
+    assert [entry[0] for entry in kernel.log] == ["triton", "triton", "triton"]
+
+
+def test_interpreter_always_takes_the_ordinary_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = FakeKernel()
+    launch = CachedLauncher(kernel, (2,), BLOCK=8, FLAG=False)
+    for _ in range(3):
+        launch(torch.zeros(8), 5, 1.0)
+    assert [entry[0] for entry in kernel.log] == ["triton"] * 3
+
+
+def test_a_missing_constexpr_is_named():
+    with pytest.raises(TypeError, match="constexpr 'FLAG'"):
+        CachedLauncher(FakeKernel(), (1,), BLOCK=8)
