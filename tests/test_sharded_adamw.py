@@ -149,6 +149,8 @@ def test_bad_input_is_refused_with_a_clear_message():
         ShardedAdamW([torch.nn.Parameter(torch.randn(3))], comm="ring")
     with pytest.raises(ValueError, match=r"invalid betas\[1\]"):
         ShardedAdamW([torch.nn.Parameter(torch.randn(3))], betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="gather_group must span the same ranks"):
+        ShardedAdamW([torch.nn.Parameter(torch.randn(3))], gather_group=object())
 
     named = _params()
     opt = ShardedAdamW(_groups(named), bucket_bytes=BUCKET_BYTES)
@@ -167,6 +169,16 @@ def test_bad_input_is_refused_with_a_clear_message():
         other.load_state_dict(bad)
 
 
+def test_buckets_are_about_equal_and_respect_the_cap():
+    from kernelbench.optim import ShardedAdamW
+
+    params = [torch.nn.Parameter(torch.randn(1000)) for _ in range(10)]  # 1024 elements each, aligned
+    opt = ShardedAdamW(params, bucket_bytes=4 * 8000)  # a greedy fill would give 7 + 3 params
+    assert [len(b.params) for b in opt._buckets] == [5, 5]
+    opt = ShardedAdamW(params, bucket_bytes=4 * 3000)
+    assert [len(b.params) for b in opt._buckets] == [2, 2, 2, 2, 2]
+
+
 # -- two Gloo ranks -----------------------------------------------------------------------------
 # One spawn runs every two-rank scenario (starting two ranks that import torch and Triton costs
 # several CPU seconds); the tests below each check one part of what it returns.
@@ -177,6 +189,13 @@ def _parity(rank: int, world: int) -> dict:
     from kernelbench.optim import ShardedAdamW
 
     report: dict = {"parity": [], "checkpoint": []}
+    # The all-gathers on a second communicator must give the same params as on the first.
+    named = _params()
+    ref_named, ref = _reference(named)
+    opt = ShardedAdamW(_groups(named), lr=1e-3, weight_decay=0.05, bucket_bytes=BUCKET_BYTES,
+                       gather_group=torch.distributed.new_group())
+    _train(opt, named, ref, ref_named, STEPS, rank, world)
+    report["parity"] += _check_all(named, ref_named, f"[gather group] params after {STEPS} steps:")
     for comm in ("auto", "reduce-scatter-sum", "all-reduce"):
         named = _params()
         ref_named, ref = _reference(named)
