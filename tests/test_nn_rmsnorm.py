@@ -177,3 +177,83 @@ def test_launch_overrides_match_reference(fwd_cfg, bwd_cfg):
     ref = rmsnorm_ref(xr, wr, 1e-6)
     ref.backward(dy.double())
     check([y, dx, dw], [ref.detach(), xr.grad, wr.grad], torch.bfloat16, True, False)
+
+
+# The wide backward (x, dy and dw in registers per column block, _rmsnorm_bwd_wide_kernel) forced
+# at small N: whole rows (splits=1) and rows split into column blocks whose programs read the
+# rest of the row for the dot product. programs_per_sm=1 makes 4 / splits row programs in the
+# interpreter, so each loops over several rows (dw accumulated across them, prefetch handing on).
+WIDE = [  # (M, N, dtype, splits, extra backward keywords)
+    (11, 24, torch.float32, 1, {}),
+    (11, 24, torch.bfloat16, 4, {"prefetch": True}),  # 4 blocks of 8 columns
+    (9, 760, torch.bfloat16, 2, {"stages": 2}),
+    (13, 761, torch.float16, 3, {"prefetch": True}),  # odd N: the last block partly masked
+    (5, 333, torch.float32, 2, {"num_warps": 2}),
+]
+
+
+@pytest.mark.parametrize("has_weight, has_dres", [(True, False), (True, True), (False, True)],
+                         ids=["weight", "weight-dres", "no-weight-dres"])
+@pytest.mark.parametrize("m, n, dtype, splits, extra", WIDE,
+                         ids=[f"{m}x{n}-{str(d)[6:]}-s{s}" for m, n, d, s, _ in WIDE])
+def test_wide_backward_matches_reference(m, n, dtype, splits, extra, has_weight, has_dres):
+    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+
+    gen = torch.Generator().manual_seed(m * n + splits)
+    x = torch.randn(m, n, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype) if has_weight else None
+    dy = torch.randn(m, n, generator=gen).to(dtype)
+    dres = torch.randn(m, n, generator=gen).to(dtype) if has_dres else None
+    _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, dres, wide_splits=splits, programs_per_sm=1, **extra)
+    xr = x.double().requires_grad_(True)
+    wr = w.double().requires_grad_(True) if has_weight else None
+    rmsnorm_ref(xr, wr, 1e-6).backward(dy.double())
+    want_dx = xr.grad + (dres.double() if has_dres else 0)
+    got = [dx] + ([dw] if has_weight else [])
+    want = [want_dx] + ([wr.grad] if has_weight else [])
+    names = ["dx"] + (["dweight"] if has_weight else [])
+    for name, g, r in zip(names, got, want):
+        if name == "dweight":
+            assert g.dtype == dtype
+            assert_fro(name, g, r, DW_FRO[dtype])
+        else:
+            assert_close(name, g, r, *TOL[dtype])
+
+
+def test_wide_backward_default_switch(monkeypatch):
+    """With _BWD_WIDE_MAX_N raised, rows above the single-pass width take the wide kernel through
+    the public autograd path with _BWD_WIDE_CONFIG's entry for the padded width (9000 -> 16384)."""
+    from kernelbench.nn import rmsnorm as mod
+
+    monkeypatch.setattr(mod, "_BWD_WIDE_MAX_N", 16384)
+    monkeypatch.setattr(mod, "_BWD_WIDE_CONFIG", {16384: (2, 4, 1)})
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(9000, generator=gen)).to(torch.bfloat16).requires_grad_(True)
+    r = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    got, want = run_both(x, w, r)
+    check(got, want, torch.bfloat16, True, True)
+    plans = [key for key in mod._bwd_plans if key[1] == 9000]
+    assert plans and all(mod._bwd_plans[key].main.kernel is mod._rmsnorm_bwd_wide_kernel for key in plans)
+
+
+def test_gradcheck_fp64_wide():
+    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+
+    class Wide(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
+            ctx.save_for_backward(x, w, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, rstd = ctx.saved_tensors
+            return _rmsnorm_bwd(x, w, rstd, dy.contiguous(), None, wide_splits=2, programs_per_sm=1)
+
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(5, 37, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(37, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Wide.apply, (x, w), fast_mode=True)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,8 @@ try:
     import triton.language as tl
 except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (autoselect logs it)
     from ._no_triton import tl, triton
+
+from ..fast_launch import CachedLauncher
 
 MAX_N = 65536
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
@@ -59,6 +61,19 @@ _FWD_WIDE_SINGLE_PASS_MAX_N = 32768
 # The backward holds x, dy and the dw accumulator per element, three times the forward's
 # registers, so it keeps rows in registers only up to half the forward's width.
 _BWD_SINGLE_PASS_MAX_N = 8192
+# Rows wider than _BWD_SINGLE_PASS_MAX_N and at most this wide take the wide backward kernel
+# (x, dy and dw in registers for a column block of the row, see _rmsnorm_bwd_wide_kernel) by
+# default. Not measured on a GPU yet, so it equals _BWD_SINGLE_PASS_MAX_N: no row takes it until
+# scripts/probe_nn.py's "wide" case shows it beating the two-pass kernels.
+_BWD_WIDE_MAX_N = _BWD_SINGLE_PASS_MAX_N
+# The wide backward's default (column splits, num_warps, stages) per padded row width. Register
+# budget: each program holds x, g = dy * w and the dw accumulator for BLOCK_N = N / splits
+# columns in fp32, 12 bytes per column; one SM has 256 KB of registers, a thread at most 255
+# (128 at 16 warps, 64 at 32 warps). 16384 columns at 16 warps are 96 registers of data per
+# thread, one program per SM, the next row's loads pipelined through shared memory (stages=2,
+# 64 KB of bf16 x and dy per stage). Wider rows split: each program reads the rest of the row
+# (from L2, where the other blocks' owners just loaded it) for the row's dot product.
+_BWD_WIDE_CONFIG = {16384: (1, 16, 2), 32768: (2, 16, 1), 65536: (4, 16, 1)}
 # Chunk width of the two-pass kernels: 16 fp32 values per thread at 16 warps, no spills.
 _CHUNK_N = 8192
 # Small N: pack rows so a program moves >= 4096 elements (8 KB of bf16); fewer, fatter programs
@@ -270,6 +285,86 @@ def _rmsnorm_bwd_kernel(
 
 
 @triton.jit
+def _rmsnorm_bwd_wide_kernel(
+    x_ptr, x_stride,  # the normalised input rows (h when there was a residual), (M, N)
+    w_ptr,  # weight (N,) (HAS_WEIGHT)
+    dy_ptr, dy_stride,  # gradient of y
+    dres_ptr, dres_stride,  # gradient of the new residual h (HAS_DRES)
+    rstd_ptr,  # (M,) fp32 from the forward
+    dx_ptr, dx_stride,  # gradient of x (and of the residual)
+    dw_partial_ptr,  # (row programs, N) fp32: program (split, p) writes its column block of row p
+    M, N,
+    BLOCK_N: tl.constexpr,  # the column block a program owns, kept in registers (SPLITS * BLOCK_N >= N)
+    SPLITS: tl.constexpr,  # column blocks per row (grid axis 0); 1: whole rows
+    STREAM_N: tl.constexpr,  # chunk in which the other blocks are read for the row's dot product
+    STAGES: tl.constexpr,  # the compiler's software pipelining of the row loop (1: none)
+    PREFETCH: tl.constexpr,  # load the next row's block into registers while reducing this one
+    HAS_DRES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
+):
+    # Program (split, p) visits rows p, p + P, ... and keeps x, dy*w and its share of dw for its
+    # column block in registers, so x and dy come from HBM once and dw costs one store per
+    # program. The row's dot product needs the other blocks too: they are read in chunks while
+    # their owners (the programs next to this one in launch order, on the same rows) load them,
+    # so those reads mostly hit L2.
+    split = tl.program_id(0)
+    first_row = tl.program_id(1)
+    row_programs = tl.num_programs(1)
+    cols = split * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    dw_acc = tl.zeros([BLOCK_N], dtype=ACC)
+    if PREFETCH:
+        first64 = tl.cast(first_row, tl.int64)  # < M: the grid has at most M row programs
+        x_next = tl.load(x_ptr + first64 * x_stride + cols, mask=col_mask, other=0.0)
+        dy_next = tl.load(dy_ptr + first64 * dy_stride + cols, mask=col_mask, other=0.0)
+    for row in tl.range(first_row, M, row_programs, num_stages=STAGES):
+        row64 = tl.cast(row, tl.int64)
+        if PREFETCH:
+            x_raw, dy_raw = x_next, dy_next
+            next_row = row + row_programs
+            next64 = tl.cast(next_row, tl.int64)
+            next_mask = cols < tl.where(next_row < M, N, 0)  # nothing past the last row
+            x_next = tl.load(x_ptr + next64 * x_stride + cols, mask=next_mask, other=0.0)
+            dy_next = tl.load(dy_ptr + next64 * dy_stride + cols, mask=next_mask, other=0.0)
+        else:
+            x_raw = tl.load(x_ptr + row64 * x_stride + cols, mask=col_mask, other=0.0)
+            dy_raw = tl.load(dy_ptr + row64 * dy_stride + cols, mask=col_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + row)
+        x = x_raw.to(ACC)
+        dy = dy_raw.to(ACC)
+        if HAS_WEIGHT:
+            # dw first: then dy is dead before the reduction, and only x, g and dw_acc stay live.
+            dw_acc += dy * (x * rstd)
+            g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)
+        else:
+            g = dy
+        dot = tl.sum(g * x, axis=0)
+        if SPLITS > 1:
+            chunk = tl.arange(0, STREAM_N)
+            acc = tl.zeros([STREAM_N], dtype=ACC)
+            # Unrolled (compile-time trip count): the chunks' loads can all be issued at once.
+            for i in tl.static_range((SPLITS - 1) * (BLOCK_N // STREAM_N)):
+                # Starting after this program's block and wrapping around the padded row.
+                c = (split * BLOCK_N + BLOCK_N + i * STREAM_N) % (SPLITS * BLOCK_N) + chunk
+                c_mask = c < N
+                xs = tl.load(x_ptr + row64 * x_stride + c, mask=c_mask, other=0.0).to(ACC)
+                gs = tl.load(dy_ptr + row64 * dy_stride + c, mask=c_mask, other=0.0).to(ACC)
+                if HAS_WEIGHT:
+                    gs = gs * tl.load(w_ptr + c, mask=c_mask, other=0.0).to(ACC)
+                acc += gs * xs
+            dot += tl.sum(acc, axis=0)
+        # dx = rstd * (g - x_hat * mean(g * x_hat)) = rstd * g - x * rstd^3 * sum(g * x) / N
+        coef = dot * rstd * rstd * rstd / N
+        dx = g * rstd - x * coef
+        if HAS_DRES:
+            dx += tl.load(dres_ptr + row64 * dres_stride + cols, mask=col_mask, other=0.0).to(ACC)
+        tl.store(dx_ptr + row64 * dx_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + first_row * N + cols, dw_acc, mask=col_mask)
+
+
+@triton.jit
 def _rmsnorm_dw_kernel(
     x_ptr, x_stride,  # normalised input rows (M, N)
     dy_ptr, dy_stride,  # gradient of y
@@ -411,6 +506,21 @@ def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 or rows.shape[0] == 0 else rows.contiguous()
 
 
+# Launch plans (launchers, grids, buffer shapes) by everything that decides them, so a call with
+# a shape seen before does no configuration work and launches through CachedLauncher. Bounded:
+# shapes that change every step (sequence lengths) drop the oldest plan.
+_MAX_PLANS = 256
+_fwd_plans: dict[tuple, CachedLauncher] = {}
+_bwd_plans: dict[tuple, _BwdPlan] = {}
+
+
+def _remember(plans: dict, key: tuple, plan):
+    if len(plans) >= _MAX_PLANS:
+        del plans[next(iter(plans))]
+    plans[key] = plan
+    return plan
+
+
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
     configuration (None: the default); ``programs_per_sm`` makes the grid persistent."""
@@ -420,6 +530,24 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     rstd = torch.empty((m,), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
+    key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
+           block_m, num_warps, programs_per_sm)
+    launch = _fwd_plans.get(key)
+    if launch is None:
+        launch = _remember(_fwd_plans, key, _fwd_launcher(m, n, x2d, key[4], key[5], block_m, num_warps,
+                                                          programs_per_sm))
+    launch(
+        x2d, x2d.stride(0),
+        residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
+        weight if weight is not None else x2d,
+        y, y.stride(0),
+        h if h is not None else y, h.stride(0) if h is not None else 0,
+        rstd, m, n, eps,
+    )
+    return y, h, rstd
+
+
+def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, programs_per_sm) -> CachedLauncher:
     if block_m is None and num_warps is None:
         block_m, block_n, single, num_warps = _fwd_config(n)
     else:
@@ -432,44 +560,43 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
         programs_per_sm = 8
     persistent = programs_per_sm is not None
     grid = min(row_blocks, programs_per_sm * _sm_count(_device_index(x2d))) if persistent else row_blocks
-    _rmsnorm_fwd_kernel[(grid,)](
-        x2d, x2d.stride(0),
-        residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
-        weight if weight is not None else x2d,
-        y, y.stride(0),
-        h if h is not None else y, h.stride(0) if h is not None else 0,
-        rstd, m, n, eps,
+    return CachedLauncher(
+        _rmsnorm_fwd_kernel, (grid,),
         BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PERSISTENT=persistent,
-        HAS_RESIDUAL=residual2d is not None, HAS_WEIGHT=weight is not None, ACC=_tl_acc(x2d.dtype),
-        num_warps=num_warps,
+        HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype), num_warps=num_warps,
     )
-    return y, h, rstd
 
 
-def _sum_rows(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    p, n = partial.shape
-    out = torch.empty((n,), dtype=dtype, device=partial.device)
-    _sum_rows_kernel[(triton.cdiv(n, 64),)](
-        partial, out, p, n, BLOCK_P=64, BLOCK_N=64, ACC=_tl_acc(partial.dtype), num_warps=8
-    )
-    return out
+class _BwdPlan(NamedTuple):
+    main: CachedLauncher  # _rmsnorm_bwd_kernel or _rmsnorm_bwd_wide_kernel
+    partial_rows: int  # rows of the fp32 dw partial buffer (0: no weight)
+    dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two-pass path)
+    rows_per_split: int  # rows each dw_columns program sums
+    sum_rows: CachedLauncher | None  # _sum_rows_kernel: partials -> dw
 
 
 def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 prefetch=True):
+                 prefetch=None, wide_splits=None, stages=None):
     """dx and dw (None without a weight). The keyword arguments override the launch
-    configuration (None: the default); ``prefetch`` applies to the single-pass kernel and is on
-    by default: measured on an H200 (bf16, M*N = 2^27) at N = 256, 1024, 4096 and 8192, the
-    backward with it takes 0.338-0.340 ms of forward+backward against 0.370 without."""
+    configuration (None: the default for this N):
+
+    - ``wide_splits``: 0 takes the row kernels (single pass up to ``_BWD_SINGLE_PASS_MAX_N``,
+      else two passes and the dw column kernel); k >= 1 the wide kernel with k column blocks per
+      row (``_rmsnorm_bwd_wide_kernel``, any N); None: the wide kernel with ``_BWD_WIDE_CONFIG``
+      for N in (``_BWD_SINGLE_PASS_MAX_N``, ``_BWD_WIDE_MAX_N``], the row kernels otherwise.
+    - ``stages``: the wide kernel's software pipelining of its row loop (1: none).
+    - ``prefetch``: load the next rows into registers while reducing the current ones; on by
+      default in the single-pass row kernel (measured on an H200, bf16, M*N = 2^27, N = 256 to
+      8192: 0.338-0.340 ms of forward+backward against 0.370 without), off in the wide one.
+    - ``block_m`` (row kernels), ``num_warps``, ``programs_per_sm`` (persistent grid size)."""
     m, n = x2d.shape
     dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    if m == 0:
-        dw = torch.zeros_like(weight) if weight is not None else None
-        return dx, dw
-    block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N, block_m, num_warps)
-    row_blocks = triton.cdiv(m, block_m)
-    sms = _sm_count(_device_index(x2d))
     has_weight = weight is not None
+    if m == 0:
+        return dx, (torch.zeros_like(weight) if has_weight else None)
+    key = (m, n, x2d.dtype, x2d.get_device(), has_weight, dres2d is not None,
+           block_m, num_warps, programs_per_sm, prefetch, wide_splits, stages)
+    plan = _bwd_plans.get(key)
     args = [
         x2d, x2d.stride(0),
         weight if has_weight else x2d,
@@ -477,38 +604,78 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
         dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
         rstd,
         dx, dx.stride(0),
-        rstd,  # dw_partial, allocated once the grid is known
+        rstd,  # the dw partials where the main kernel writes them, set below
         m, n,
     ]
-    meta = dict(
-        BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PREFETCH=prefetch and single,
-        HAS_DRES=dres2d is not None, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype), num_warps=num_warps,
-    )
-    # Persistent, each program looping over rows. Single pass: as many programs per SM as can be
-    # resident at once (from the compiled kernel's registers and shared memory); more would run
-    # as a second, partial wave, a tail of one program per SM. Two passes: 2 per SM, so the rows
-    # re-read in pass 2 stay in L2. Capped at the row blocks so every program writes a dw partial.
-    if programs_per_sm is None:
-        programs_per_sm = _resident_per_sm(_rmsnorm_bwd_kernel, args, meta, x2d) if single else 2
-    grid = min(row_blocks, programs_per_sm * sms)
-    if single and has_weight:
-        args[10] = torch.empty((grid, n), dtype=rstd.dtype, device=x2d.device)
-    _rmsnorm_bwd_kernel[(grid,)](*args, **meta)
-    dw_partial = args[10]
+    if plan is None:
+        plan = _remember(_bwd_plans, key, _bwd_plan(args, key[4], key[5], block_m, num_warps, programs_per_sm,
+                                                   prefetch, wide_splits, stages))
     if not has_weight:
+        plan.main(*args)
         return dx, None
+    partial = torch.empty((plan.partial_rows, n), dtype=rstd.dtype, device=x2d.device)
+    if plan.dw_columns is None:
+        args[10] = partial
+    plan.main(*args)
+    if plan.dw_columns is not None:
+        plan.dw_columns(x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, partial, m, n, plan.rows_per_split)
+    dw = torch.empty((n,), dtype=weight.dtype, device=x2d.device)
+    plan.sum_rows(partial, dw, plan.partial_rows, n)
+    return dx, dw
+
+
+def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, prefetch, wide_splits,
+              stages) -> _BwdPlan:
+    x2d = args[0]
+    m, n = x2d.shape
+    sms = _sm_count(_device_index(x2d))
+    acc = _tl_acc(x2d.dtype)
+    if wide_splits is None and block_m is None and _BWD_SINGLE_PASS_MAX_N < n <= _BWD_WIDE_MAX_N:
+        wide_splits, default_warps, default_stages = _BWD_WIDE_CONFIG[triton.next_power_of_2(n)]
+        num_warps = num_warps or default_warps
+        stages = stages or default_stages
+    if wide_splits:
+        if block_m not in (None, 1):
+            raise ValueError(f"rmsnorm: the wide backward takes one row per program, got block_m={block_m}")
+        kernel, splits, single = _rmsnorm_bwd_wide_kernel, wide_splits, True
+        block_n = triton.next_power_of_2(triton.cdiv(n, splits))
+        num_warps = num_warps or min(16, max(4, block_n // 512))
+        meta = dict(
+            # 8 values per thread per chunk: one 16-byte load of bf16 per tensor.
+            BLOCK_N=block_n, SPLITS=splits, STREAM_N=min(block_n, 8 * 32 * num_warps), STAGES=stages or 1,
+            PREFETCH=bool(prefetch), HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc, num_warps=num_warps,
+        )
+    else:
+        kernel, splits = _rmsnorm_bwd_kernel, 1
+        block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N, block_m, num_warps)
+        meta = dict(
+            BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PREFETCH=single and (prefetch is None or bool(prefetch)),
+            HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc, num_warps=num_warps,
+        )
+    # Persistent, each program looping over rows. Single pass (and wide): as many programs per SM
+    # as can be resident at once (from the compiled kernel's registers and shared memory); more
+    # would run as a second, partial wave, a tail of one program per SM. Two passes: 2 per SM, so
+    # the rows re-read in pass 2 stay in L2. Capped at the row blocks so every program writes a
+    # dw partial.
+    if programs_per_sm is None:
+        programs_per_sm = _resident_per_sm(kernel, args, meta, x2d) if single else 2
+    row_programs = min(triton.cdiv(m, block_m if not wide_splits else 1), max(1, programs_per_sm * sms // splits))
+    grid = (splits, row_programs) if wide_splits else (row_programs,)
+    main = CachedLauncher(kernel, grid, **meta)
+    if not has_weight:
+        return _BwdPlan(main, 0, None, 0, None)
+    dw_columns, rows_per_split, partial_rows = None, 0, row_programs
     if not single:
         dw_block_n = 256
         col_blocks = triton.cdiv(n, dw_block_n)
-        splits = max(1, min(triton.cdiv(m, 32), 4 * sms // col_blocks))
-        rows_per_split = triton.cdiv(m, splits)
-        splits = triton.cdiv(m, rows_per_split)
-        dw_partial = torch.empty((splits, n), dtype=rstd.dtype, device=x2d.device)
-        _rmsnorm_dw_kernel[(col_blocks, splits)](
-            x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, dw_partial, m, n, rows_per_split,
-            BLOCK_R=32, BLOCK_N=dw_block_n, ACC=_tl_acc(x2d.dtype), num_warps=16,
-        )
-    return dx, _sum_rows(dw_partial, weight.dtype)
+        dw_splits = max(1, min(triton.cdiv(m, 32), 4 * sms // col_blocks))
+        rows_per_split = triton.cdiv(m, dw_splits)
+        partial_rows = triton.cdiv(m, rows_per_split)
+        dw_columns = CachedLauncher(_rmsnorm_dw_kernel, (col_blocks, partial_rows),
+                                    BLOCK_R=32, BLOCK_N=dw_block_n, ACC=acc, num_warps=16)
+    sum_rows = CachedLauncher(_sum_rows_kernel, (triton.cdiv(n, 64),),
+                              BLOCK_P=64, BLOCK_N=64, ACC=acc, num_warps=8)
+    return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows)
 
 
 class _RMSNormFunction(torch.autograd.Function):
