@@ -223,6 +223,7 @@ def run(
     nproc: Annotated[int, typer.Option("--nproc", help="dist-adamw only: ranks (GPUs) to start through torch.distributed.run.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="dist-adamw only: timed steps per rank.")] = 50,
     bucket_mb: Annotated[float, typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB.")] = 1024.0,
+    gather_group: Annotated[bool, typer.Option("--gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters.")] = False,
     seed: SeedOpt = 0,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
@@ -236,7 +237,7 @@ def run(
     if op is not None and config is not None:
         raise _fail("give an op or --config, not both")
     if op == DIST_OP:
-        _run_distributed(nproc, (workload or ["model-370m"]), steps, bucket_mb, output_dir, seed)
+        _run_distributed(nproc, (workload or ["model-370m"]), steps, bucket_mb, gather_group, output_dir, seed)
         return
     with _usage_errors():
         if op is None:
@@ -264,8 +265,8 @@ def run(
 DIST_OP = "dist-adamw"
 
 
-def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: float, output_dir: Optional[Path],
-                     seed: int) -> None:
+def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: float, gather_group: bool,
+                     output_dir: Optional[Path], seed: int) -> None:
     """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
     from .dist.launch import launch, result_rows
     from .harness.envinfo import fingerprint
@@ -282,7 +283,8 @@ def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: fl
             with _usage_errors(), _progress() as on_progress:
                 on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
                 try:
-                    result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb)
+                    result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb,
+                                    gather_group=gather_group)
                 except RuntimeError as exc:
                     writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
                                 "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",

@@ -54,6 +54,8 @@ class CachedLauncher:
     def __init__(self, kernel: Any, grid: Sequence[int], **meta: Any) -> None:
         self.kernel = kernel
         self.grid = tuple(grid)
+        # The compiled kernel's launcher reads grid[0], grid[1] and grid[2].
+        self._grid3 = self.grid + (1,) * (3 - len(self.grid))
         self.meta = meta
         params = getattr(kernel, "params", None)
         # The compiled kernel's launcher takes every parameter in order, constexprs included.
@@ -79,7 +81,7 @@ class CachedLauncher:
         compiled = self.kernel[self.grid](*args, **self.meta)
         if _UNCACHEABLE in key or not hasattr(compiled, "run") or not hasattr(compiled, "__getitem__"):
             return
-        self._runners[key] = compiled[self.grid]
+        self._runners[key] = compiled[self._grid3]
 
     def _with_constexprs(self, args: tuple) -> list:
         full = list(args)

@@ -3,8 +3,7 @@ bytes (5.45 ms vs 4.48 ms for model-370m's 1.48 GB of fp32 gradients on 2 H200s)
 helps. One JSON line per measurement from rank 0 (median of REPS, slowest rank, CUDA events,
 barrier before each rep).
 
-Per process group (the default one, and groups made with NCCL's per-communicator CTA limits
-through ProcessGroupNCCL.Options().config, where this torch has them):
+On the default process group:
   all-reduce AVG of the whole buffer; reduce-scatter AVG in place / out of place / SUM in place,
   and all-gather in place, of the whole buffer and of 1 GiB and 256 MiB buckets.
 Then: the reduce-scatter of one half and the all-gather of the other issued on two different
@@ -72,14 +71,6 @@ def main() -> None:
          gbytes=nbytes / 1e9, world=world)
 
     groups = {"default": dist.group.WORLD}
-    for ctas in (16, 32):
-        try:
-            opts = dist.ProcessGroupNCCL.Options()
-            opts.config.min_CTAs = ctas
-            opts.config.max_CTAs = ctas
-            groups[f"ctas{ctas}"] = dist.new_group(backend="nccl", pg_options=opts)
-        except Exception as exc:  # an older torch / NCCL: say so and go on
-            emit(name=f"group-ctas{ctas}", error=f"{type(exc).__name__}: {exc}")
 
     def shard(t: torch.Tensor) -> torch.Tensor:
         n = t.numel() // world

@@ -199,9 +199,11 @@ def test_autoselect_answers_without_cuda_and_rejects_bad_shapes():
 
 
 def test_dist_adamw_runs_two_ranks_through_torchrun(tmp_path):
-    result = invoke("run", "dist-adamw", "--nproc", "2", "--steps", "2", "-w", "tiny", "--output-dir", tmp_path)
+    result = invoke("run", "dist-adamw", "--nproc", "2", "--steps", "2", "-w", "tiny", "--gather-group",
+                    "--output-dir", tmp_path)
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "results.csv")
+    assert rows["mode"].str.endswith("all-gathers on a second communicator").all()
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
     # CPU ranks: the Triton shard update ran in the interpreter, so it has no time; torch's has one.
     assert medians.loc["sharded-zero1", "status"] == "not-measured"

@@ -68,15 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bucket-mb", type=float, default=1024.0, help="ShardedAdamW bucket size in MiB")
     parser.add_argument("--gather-group", action="store_true",
                         help="ShardedAdamW all-gathers on a second communicator (overlap with the reduce-scatters)")
-    parser.add_argument("--nccl-ctas", type=int, default=0,
-                        help="both candidates communicate on a group whose NCCL min/max CTAs are this (0: NCCL decides)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails")
     parser.add_argument("--output", type=Path, required=True, help="JSON written by rank 0")
     args = parser.parse_args(argv)
     if args.workload not in workloads():
         parser.error(str(unknown_name_error("workload", args.workload, workloads())))
-    if args.steps < 1 or args.warmup < 0 or args.bucket_mb <= 0 or args.nccl_ctas < 0:
-        parser.error("--steps must be >= 1, --warmup >= 0, --bucket-mb > 0 and --nccl-ctas >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.bucket_mb <= 0:
+        parser.error("--steps must be >= 1, --warmup >= 0 and --bucket-mb > 0")
     return args
 
 
@@ -200,19 +198,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     workload = workloads()[args.workload]
-    group, options = dist.group.WORLD, None
-    if args.nccl_ctas and backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options.config.min_CTAs = options.config.max_CTAs = args.nccl_ctas
-        group = dist.new_group(backend="nccl", pg_options=options)
-    gather_group = dist.new_group(pg_options=options) if args.gather_group else None
+    gather_group = dist.new_group() if args.gather_group else None
 
     # Candidate A: ShardedAdamW. Params and grads exist before the snapshot, so the delta is
     # what the optimizer adds (its moments, padding), not the buckets it moves them into.
     named_a = make_params(workload, device, rank)
     before = allocated(device)
     sharded = ShardedAdamW(named_a, **HYPERPARAMS, bucket_bytes=int(args.bucket_mb * 2**20),
-                           process_group=group, gather_group=gather_group)
+                           gather_group=gather_group)
     sharded.step()
     sharded_delta = None if before is None else allocated(device) - before
 
@@ -228,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     fused = torch.optim.AdamW(params_b, **HYPERPARAMS, fused=True)
 
     def allreduce() -> None:
-        dist.all_reduce(flat_grad, op=dist.ReduceOp.AVG, group=group)
+        dist.all_reduce(flat_grad, op=dist.ReduceOp.AVG)
 
     def allreduce_fused_step() -> None:
         allreduce()
@@ -272,7 +265,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "bucket_mb": args.bucket_mb,
             "buckets": len(sharded._buckets),
             "gather_group": args.gather_group,
-            "nccl_ctas": args.nccl_ctas or None,
             "comm_mode": sharded.comm,
             "timing": (
                 "CUDA events; 256 MB L2 flush and a barrier before each rep (untimed)"

@@ -26,18 +26,18 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 
 
 def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-            bucket_mb: float = 1024.0) -> list[str]:
+            bucket_mb: float = 1024.0, gather_group: bool = False) -> list[str]:
     """The command line ``launch`` runs (also what a user can paste into a shell)."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
         "-m", "kernelbench.dist.bench",
         "--workload", workload, "--steps", str(steps), "--warmup", str(warmup),
         "--bucket-mb", str(bucket_mb), "--output", str(output),
-    ]
+    ] + (["--gather-group"] if gather_group else [])
 
 
 def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-           bucket_mb: float = 1024.0, timeout_s: float = 900.0) -> dict[str, Any]:
+           bucket_mb: float = 1024.0, gather_group: bool = False, timeout_s: float = 900.0) -> dict[str, Any]:
     """Runs the worker on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
     Raises UsageError for bad arguments (checked here, before any process starts), and
@@ -64,7 +64,7 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
 
-    cmd = command(nproc, workload, steps, output, warmup=warmup, bucket_mb=bucket_mb)
+    cmd = command(nproc, workload, steps, output, warmup=warmup, bucket_mb=bucket_mb, gather_group=gather_group)
     # A session of its own, so that a timeout kills torchrun and every rank it started.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -102,7 +102,8 @@ _METRIC_ROWS = {
 def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The worker's JSON as kernelbench result rows (long format, as harness.runner writes)."""
     workload = result["workload"]
-    mode = f"{result['world_size']} ranks, {result['bucket_mb']:g} MiB buckets"
+    mode = f"{result['world_size']} ranks, {result['bucket_mb']:g} MiB buckets" + (
+        ", all-gathers on a second communicator" if result.get("gather_group") else "")
 
     def row(candidate, metric, value, unit, message="", status="ok", flags=""):
         return {"op": "dist-adamw", "workload": workload, "mode": mode, "candidate": candidate,
