@@ -678,21 +678,25 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
     return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows)
 
 
+def _forward(x, weight, residual, eps):
+    """y and h (None without a residual) shaped like x, and what the backward needs: the
+    normalised rows, the weight as read, rstd."""
+    n = x.shape[-1]
+    x2d = _as_rows(x, n)
+    res2d = _as_rows(residual, n) if residual is not None else None
+    w = weight.contiguous() if weight is not None else None
+    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps)
+    return y.view(x.shape), (h.view(x.shape) if h is not None else None), (h if h is not None else x2d, w, rstd)
+
+
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
-        n = x.shape[-1]
-        x2d = _as_rows(x, n)
-        res2d = _as_rows(residual, n) if residual is not None else None
-        w = weight.contiguous() if weight is not None else None
-        y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps)
-        ctx.save_for_backward(h if h is not None else x2d, w, rstd)
+        y, h, saved = _forward(x, weight, residual, eps)
+        ctx.save_for_backward(*saved)
         ctx.shape, ctx.has_residual = x.shape, residual is not None
         ctx.set_materialize_grads(False)
-        y = y.view(x.shape)
-        if h is None:
-            return y
-        return y, h.view(x.shape)
+        return y if h is None else (y, h)
 
     @staticmethod
     def backward(ctx, dy, dh=None):
@@ -782,7 +786,11 @@ def rms_norm(
     why_not = triton_usable(x)
     if why_not is not None:
         raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
-    return _RMSNormFunction.apply(x, weight, residual, float(eps))
+    if _needs_grad(x, weight, residual):
+        return _RMSNormFunction.apply(x, weight, residual, float(eps))
+    # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
+    y, h, _ = _forward(x, weight, residual, float(eps))
+    return y if h is None else (y, h)
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:

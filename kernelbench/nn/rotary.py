@@ -36,6 +36,8 @@ try:
 except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (autoselect logs it)
     from ._no_triton import tl, triton
 
+from ..fast_launch import CachedLauncher
+
 STYLES = ("half", "interleaved")
 LAYOUTS = ("bhsd", "bshd")
 IMPLS = ("auto", "triton", "torch")
@@ -230,17 +232,49 @@ def _table_2d(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
-    return t if layout == "bhsd" else t.transpose(1, 2)
+def _bhsd_shape(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    """t's (B, H, S, D) sizes, without making a transposed view."""
+    b, d1, d2, d = t.shape
+    return (b, d1, d2, d) if layout == "bhsd" else (b, d2, d1, d)
+
+
+def _bhsd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    sb, s1, s2, sd = t.stride()
+    return (sb, s1, s2, sd) if layout == "bhsd" else (sb, s2, s1, sd)
+
+
+# Launchers by everything that decides the grid and the compile-time arguments, so a call with a
+# shape seen before does no configuration work and skips Triton's per-launch argument binding.
+# Bounded: shapes that change every step (sequence lengths) drop the oldest.
+_MAX_LAUNCHERS = 256
+_launchers: dict[tuple, CachedLauncher] = {}
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            block_h=None, block_s=None, num_warps=None):
-    """q, k, q_out, k_out as (B, H, S, D) views; cos / sin (positions, rotary_dim). block_h,
-    block_s and num_warps override the defaults (powers of two; scripts/probe_nn.py sweeps them)."""
-    batch, hq, seq, dim = q.shape
-    hk = k.shape[1]
-    half = cos.shape[-1] // 2
+            layout="bhsd", block_h=None, block_s=None, num_warps=None):
+    """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s and
+    num_warps override the defaults (powers of two; scripts/probe_nn.py sweeps them)."""
+    batch, hq, seq, dim = _bhsd_shape(q, layout)
+    hk = _bhsd_shape(k, layout)[1]
+    key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
+           offsets is not None, block_h, block_s, num_warps)
+    launch = _launchers.get(key)
+    if launch is None:
+        if len(_launchers) >= _MAX_LAUNCHERS:
+            del _launchers[next(iter(_launchers))]
+        launch = _launchers[key] = _launcher(*key)
+    launch(
+        q, *_bhsd_strides(q, layout), k, *_bhsd_strides(k, layout),
+        q_out, *_bhsd_strides(q_out, layout), k_out, *_bhsd_strides(k_out, layout),
+        cos, cos.stride(0), sin, sin.stride(0),
+        offsets if offsets is not None else cos, position_offset,
+        hq, hk, seq, dim,
+    )
+
+
+def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
+              block_h, block_s, num_warps) -> CachedLauncher:
+    half = rot // 2
     block_half = triton.next_power_of_2(half)
     if block_h is None:
         block_h = _DEFAULT_BLOCK_H
@@ -252,37 +286,36 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
     block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
     head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
     grid = (triton.cdiv(seq, block_s), batch * head_blocks)
-    acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    _rotary_kernel[grid](
-        q, *q.stride(), k, *k.stride(), q_out, *q_out.stride(), k_out, *k_out.stride(),
-        cos, cos.stride(0), sin, sin.stride(0),
-        offsets if offsets is not None else cos, position_offset,
-        hq, hk, seq, dim,
+    return CachedLauncher(
+        _rotary_kernel, grid,
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
-        INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=offsets is not None,
-        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc, num_warps=num_warps,
+        INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
+        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+        num_warps=num_warps,
     )
+
+
+def _forward(q, k, cos, sin, offsets, position_offset, interleaved, layout):
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
+            copy_pass=True, layout=layout)
+    return q_out, k_out
 
 
 class _RotaryFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin, offsets, position_offset, style, layout):
-        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         interleaved = style == "interleaved"
-        _launch(_bhsd(q, layout), _bhsd(k, layout), _bhsd(q_out, layout), _bhsd(k_out, layout),
-                cos, sin, offsets, position_offset, interleaved=interleaved, backward=False, copy_pass=True)
         ctx.save_for_backward(cos, sin, offsets)
         ctx.position_offset, ctx.interleaved, ctx.layout = position_offset, interleaved, layout
-        return q_out, k_out
+        return _forward(q, k, cos, sin, offsets, position_offset, interleaved, layout)
 
     @staticmethod
     def backward(ctx, dq_out, dk_out):
         cos, sin, offsets = ctx.saved_tensors
         dq, dk = torch.empty_like(dq_out), torch.empty_like(dk_out)
-        layout = ctx.layout
-        _launch(_bhsd(dq_out, layout), _bhsd(dk_out, layout), _bhsd(dq, layout), _bhsd(dk, layout),
-                cos, sin, offsets, ctx.position_offset, interleaved=ctx.interleaved, backward=True,
-                copy_pass=True)
+        _launch(dq_out, dk_out, dq, dk, cos, sin, offsets, ctx.position_offset, interleaved=ctx.interleaved,
+                backward=True, copy_pass=True, layout=ctx.layout)
         return dq, dk, None, None, None, None, None, None
 
 
@@ -302,8 +335,8 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
             raise TypeError(f"apply_rotary: unsupported dtype {t.dtype} for {name}; accepted: float32, bfloat16, float16, float64")
     if q.dtype != k.dtype or q.device != k.device:
         raise ValueError(f"apply_rotary: q ({q.dtype}, {q.device}) and k ({k.dtype}, {k.device}) must match")
-    qb, kb = _bhsd(q, layout), _bhsd(k, layout)
-    if (qb.shape[0], qb.shape[2], qb.shape[3]) != (kb.shape[0], kb.shape[2], kb.shape[3]):
+    qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
+    if (qb[0], qb[2], qb[3]) != (kb[0], kb[2], kb[3]):
         raise ValueError(
             f"apply_rotary: q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must share batch, "
             "sequence and head dimension"
@@ -318,15 +351,15 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
         raise TypeError(f"apply_rotary: cos / sin must be floating point, got {cos.dtype} / {sin.dtype}")
     if cos.device != q.device or sin.device != q.device:
         raise ValueError(f"apply_rotary: cos / sin are on {cos.device}, q on {q.device}")
-    rot, head_dim, seq = cos.shape[-1], qb.shape[3], qb.shape[2]
+    rot, head_dim, seq = cos.shape[-1], qb[3], qb[2]
     if rot > head_dim:
         raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) is larger than the head dimension {head_dim}")
     if rot % 2 or rot == 0:
         raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) must be even and positive")
     if isinstance(position_offset, torch.Tensor):
-        if position_offset.shape != (qb.shape[0],) or position_offset.is_floating_point():
+        if position_offset.shape != (qb[0],) or position_offset.is_floating_point():
             raise ValueError(
-                f"apply_rotary: position_offset tensor must be integer of shape ({qb.shape[0]},), got "
+                f"apply_rotary: position_offset tensor must be integer of shape ({qb[0]},), got "
                 f"{position_offset.dtype} {tuple(position_offset.shape)}"
             )
         # One host sync: an out-of-range offset would otherwise read past cos / sin.
@@ -387,8 +420,8 @@ def apply_rotary(
     if impl == "auto":
         from .autoselect import choose_impl
 
-        qb, kb = _bhsd(q, layout), _bhsd(k, layout)
-        shape = (qb.shape[0], qb.shape[1], kb.shape[1], qb.shape[2], qb.shape[3], cos.shape[-1])
+        qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
+        shape = (qb[0], qb[1], kb[1], qb[2], qb[3], cos.shape[-1])
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
         impl = choose_impl("rotary", shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
     if impl == "torch":
@@ -397,7 +430,11 @@ def apply_rotary(
     if why_not is not None:
         raise ValueError(f"apply_rotary(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
     offsets, offset = _offsets_for_kernel(position_offset, q.device)
-    return _RotaryFunction.apply(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset, style, layout)
+    cos, sin = _table_for_kernel(cos), _table_for_kernel(sin)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
+        return _RotaryFunction.apply(q, k, cos, sin, offsets, offset, style, layout)
+    # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
+    return _forward(q, k, cos, sin, offsets, offset, style == "interleaved", layout)
 
 
 @torch.library.custom_op("kernelbench::rotary_", mutates_args=("q", "k"))
@@ -405,11 +442,9 @@ def _rotary_inplace_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     offsets: torch.Tensor | None, position_offset: int, interleaved: bool, bshd: bool,
 ) -> None:
-    layout = "bshd" if bshd else "bhsd"
-    qb, kb = _bhsd(q, layout), _bhsd(k, layout)
     # In place: each program loads its x1 / x2 before storing them; pass-through dims stay as they are.
-    _launch(qb, kb, qb, kb, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
-            copy_pass=False)
+    _launch(q, k, q, k, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
+            copy_pass=False, layout="bshd" if bshd else "bhsd")
 
 
 @_rotary_inplace_op.register_fake
