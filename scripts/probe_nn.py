@@ -15,6 +15,13 @@ Cases (each prints a table sorted by time, then a BEST line):
   rope-fwd    rotary bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128), HF rotate_half:
               (block_h, block_s, num_warps)
   rope-fb     rotary forward+backward: the --rope-fb-top fastest forward configs, used both ways
+  wide        RMSNorm forward+backward at N in --wide-n (M = 2^27 / N, bf16): the default
+              backward (two passes + dw column kernel above N = 8192), the wide backward
+              (_rmsnorm_bwd_wide_kernel) in the WIDE configs (wide_splits = column blocks per row,
+              num_warps, stages = compiler pipelining of the row loop, prefetch), torch.compile and
+              liger; each wide row names its compiled registers / spills / shared memory and grid
+  rope-host   rotary forward and forward+backward through apply_rotary: device ms and host_us with
+              the launches as shipped (CachedLauncher) and forced onto Triton's launch path
 
 "default" rows go through the public autograd path (rms_norm / apply_rotary, impl="triton");
 config rows call the launch functions directly. Ratios are against the best anchor (liger,
@@ -23,6 +30,7 @@ The last line is a JSON summary of the best config per case.
 
   python scripts/probe_nn.py                        # everything, ~80 s on an H200
   python scripts/probe_nn.py --cases rms-fwd,rope-fwd --rms-fwd "block_m=1,num_warps=8;block_m=2,num_warps=16"
+  python scripts/probe_nn.py --cases wide,rope-host  # the wide backward and launch overhead, ~2 min
 
 Configs on the command line: ';' between configs, ',' between key=value pairs; "default" is the
 built-in choice. A sweep config is "fwd:k=v,...|bwd:k=v,..." (either side may be left out).
@@ -52,6 +60,18 @@ RMS_BWD = ("default;prefetch=0;num_warps=8,programs_per_sm=2;num_warps=16,progra
            "block_m=2,num_warps=16,programs_per_sm=2")
 SWEEP = ("default;bwd:prefetch=0;fwd:num_warps=16|bwd:num_warps=16,programs_per_sm=1;fwd:programs_per_sm=2;"
          "fwd:programs_per_sm=8")
+# Wide backward configs per N (";" between configs, "," between key=value), after the default
+# forward. wide_splits=0 is the row kernels (the current default above N = 8192).
+WIDE = {
+    16384: ("wide_splits=1,num_warps=16;wide_splits=1,num_warps=16,stages=2;wide_splits=1,num_warps=16,stages=3;"
+            "wide_splits=1,num_warps=32;wide_splits=1,num_warps=32,stages=2;wide_splits=1,num_warps=16,prefetch=1;"
+            "wide_splits=2,num_warps=16;wide_splits=2,num_warps=8"),
+    32768: ("wide_splits=2,num_warps=16;wide_splits=2,num_warps=16,stages=2;wide_splits=2,num_warps=32;"
+            "wide_splits=2,num_warps=32,stages=2;wide_splits=4,num_warps=16;wide_splits=4,num_warps=8;"
+            "wide_splits=4,num_warps=16,stages=2"),
+    65536: ("wide_splits=4,num_warps=16;wide_splits=4,num_warps=32;wide_splits=4,num_warps=16,stages=2;"
+            "wide_splits=8,num_warps=16;wide_splits=8,num_warps=8"),
+}
 ROPE = ("default;block_h=1,block_s=32,num_warps=4;block_h=1,block_s=16,num_warps=2;"
         "block_h=1,block_s=32,num_warps=2;block_h=1,block_s=64,num_warps=4;block_h=1,block_s=64,num_warps=8;"
         "block_h=1,block_s=128,num_warps=8;block_h=2,block_s=16,num_warps=4;block_h=2,block_s=32,num_warps=4;"
@@ -228,6 +248,76 @@ def sweep_case(n: int, args, copy_gbps, liger) -> dict:
     return summary
 
 
+def wide_plan_stats(x, w, dy, cfg: dict) -> str:
+    """Registers, spills and shared memory of the backward's main kernel for ``cfg``, and its grid."""
+    from kernelbench.nn import rmsnorm
+
+    _, _, rstd = _rmsnorm_fwd(x, w, None, EPS)
+    rmsnorm._bwd_plans.clear()
+    _rmsnorm_bwd(x, w, rstd, dy, None, **cfg)
+    (plan,) = rmsnorm._bwd_plans.values()
+    dx = torch.empty_like(x)
+    partial = torch.empty((plan.partial_rows, x.shape[1]), dtype=torch.float32, device=x.device)
+    args = [x, x.stride(0), w, dy, dy.stride(0), dy, 0, rstd, dx, dx.stride(0), partial, *x.shape]
+    compiled = plan.main.kernel.warmup(*args, grid=(1,), **plan.main.meta)
+    compiled._init_handles()
+    return (f"regs {compiled.n_regs} spills {compiled.n_spills} smem {compiled.metadata.shared // 1024} KB "
+            f"grid {'x'.join(map(str, plan.main.grid))}")
+
+
+def wide_case(n: int, args, copy_gbps, liger) -> dict:
+    x, w, dy = rms_inputs(2**27 // n, n)
+    case = Case(f"wide-n{n} fb {x.shape[0]}x{n}", 5 * x.numel() * 2, copy_gbps, args.rep)
+    rms_anchors(case, x, w, dy, True, args.compile, liger)  # includes the default backward
+    configs = parse_configs(args.wide if args.wide else WIDE.get(n, "wide_splits=0"))
+    for cfg in configs:
+        try:
+            stats = wide_plan_stats(x, w, dy, cfg)
+        except Exception as exc:  # noqa: BLE001  (a config that does not compile is reported, not fatal)
+            print(f"  {case.name}: {label(cfg)} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                  flush=True)
+            continue
+        case.time(f"bwd {label(cfg)}  ({stats})", "ours", composite_fb(x, w, dy, {}, cfg))
+    summary = case.report()
+    del x, w, dy
+    torch.cuda.empty_cache()
+    return summary
+
+
+def rope_host_cases(args, copy_gbps) -> list[dict]:
+    """apply_rotary (the default path) forward and forward+backward: device ms and host_us, with
+    its launchers as shipped and with every one forced onto Triton's own launch path."""
+    from kernelbench.nn import rotary
+
+    q, k, cos, sin, dq, dk = rope_inputs()
+    nbytes = 2 * (q.numel() + k.numel()) * 2
+    qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+
+    def fwd():
+        with torch.no_grad():
+            apply_rotary(q, k, cos, sin, impl="triton")
+
+    def fb():
+        qg.grad = kg.grad = None
+        torch.autograd.backward(apply_rotary(qg, kg, cos, sin, impl="triton"), (dq, dk))
+
+    summaries = []
+    for name, fn, moved in (("fwd", fwd, nbytes), ("fwd+bwd", fb, 2 * nbytes)):
+        case = Case(f"rope-host {name}", moved, copy_gbps, args.rep)
+        for mode in ("cached", "triton-launch"):
+            fn()
+            for launcher in rotary._launchers.values():
+                launcher._cacheable = mode == "cached"
+            try:
+                ms = do_bench(fn, warmup=10, rep=args.rep, return_mode="median")
+                case.rows.append((f"apply_rotary {mode}  (host {host_us(fn, 50):.1f} us/call)", "ours", ms))
+            finally:
+                for launcher in rotary._launchers.values():
+                    launcher._cacheable = True
+        summaries.append(case.report())
+    return summaries
+
+
 def rope_inputs():
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn((8, 32, 2048, 128), generator=gen, device="cuda").bfloat16()
@@ -354,11 +444,13 @@ def guarded(name: str, fn, *args) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="harness,rms-fwd,rms-fb,sweep,rope",
-                        help="comma list of harness, rms-fwd, rms-fb, sweep, rope")
+                        help="comma list of harness, rms-fwd, rms-fb, sweep, rope, wide, rope-host")
     parser.add_argument("--sweep-n", default="256,16384,65536")
     parser.add_argument("--rms-fwd", default=RMS_FWD, help="forward configs of rms-fwd")
     parser.add_argument("--rms-bwd", default=RMS_BWD, help="backward configs of rms-fb")
     parser.add_argument("--sweep", default=SWEEP, help="fwd:...|bwd:... configs of each sweep point")
+    parser.add_argument("--wide-n", default="16384,32768,65536", help="row widths of the wide case")
+    parser.add_argument("--wide", default="", help="backward configs of the wide case at every N (default: WIDE)")
     parser.add_argument("--rope", default=ROPE, help="rotary configs (block_h, block_s, num_warps)")
     parser.add_argument("--rope-fb-top", type=int, default=4, help="how many of the fastest rope-fwd configs rope-fb times")
     parser.add_argument("--rep", type=int, default=30, help="do_bench rep, ms per row")
@@ -388,6 +480,12 @@ def main() -> None:
             print(f"  ({time.time() - start:.0f} s so far)", flush=True)
     if "rope" in cases:
         summaries += guarded("rope", rope_cases, args, copy_gbps)
+    if "wide" in cases:
+        for n in map(int, args.wide_n.split(",")):
+            summaries += guarded(f"wide-n{n}", wide_case, n, args, copy_gbps, liger)
+            print(f"  ({time.time() - start:.0f} s so far)", flush=True)
+    if "rope-host" in cases:
+        summaries += guarded("rope-host", rope_host_cases, args, copy_gbps)
     print(f"\nprobe_nn done in {time.time() - start:.0f} s")
     print(json.dumps({"probe_nn_best": summaries}))
 

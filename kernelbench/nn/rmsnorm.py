@@ -28,7 +28,17 @@ Kernels (block sizes per N are in ``_config`` and ``_fwd_config``):
   two passes per row (dot product, then dx, the row coming back from L2) and dw comes from a
   column-parallel kernel (``_rmsnorm_dw_kernel``) that reads x and dy once more: 10 bytes per
   bf16 element instead of 6, what torch.compile's generated backward moves at every N.
+- ``_rmsnorm_bwd_wide_kernel`` (any N; not the default until measured, see ``_BWD_WIDE_MAX_N``):
+  each program owns a column block of N / splits columns, keeps x, g = dy * w and its dw
+  accumulator for that block in registers while it visits rows p, p + P, ..., so x and dy are
+  read from HBM once (6 bytes per bf16 element in all) and dw still costs one store per program.
+  With splits > 1 the row's dot product also needs the other blocks: each program reads them in
+  chunks as their owners, launched next to it on the same rows, load them, so they come from L2.
 - N > 65536 is refused by the Triton path; ``impl="auto"`` falls back to PyTorch there.
+
+Launches go through ``kernelbench.fast_launch.CachedLauncher``, one per launch plan (the grid and
+compile-time arguments of a shape), kept in small dicts, so a repeated shape costs no
+configuration work on the host.
 
 ``rmsnorm_ref`` is the fp32 reference these kernels are tested against.
 """
