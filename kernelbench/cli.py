@@ -222,8 +222,8 @@ def run(
     telemetry: Annotated[bool, typer.Option("--telemetry", help="Also record optimizer telemetry (adam-mini: max |update|, max |m|, fp8 scales) after the timed steps.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="dist-adamw only: ranks (GPUs) to start through torch.distributed.run.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="dist-adamw only: timed steps per rank.")] = 50,
-    bucket_mb: Annotated[float, typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB.")] = 1024.0,
-    gather_group: Annotated[bool, typer.Option("--gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters.")] = False,
+    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB (default: ShardedAdamW's, 256 with a gather group, 1024 without).")] = None,
+    gather_group: Annotated[bool, typer.Option("--gather-group/--no-gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters.")] = True,
     seed: SeedOpt = 0,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
@@ -265,7 +265,7 @@ def run(
 DIST_OP = "dist-adamw"
 
 
-def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: float, gather_group: bool,
+def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: Optional[float], gather_group: bool,
                      output_dir: Optional[Path], seed: int) -> None:
     """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
     from .dist.launch import launch, result_rows

@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads())))
     parser.add_argument("--steps", type=int, default=50, help="timed reps per metric")
     parser.add_argument("--warmup", type=int, default=10, help="untimed reps per metric first")
-    parser.add_argument("--bucket-mb", type=float, default=1024.0, help="ShardedAdamW bucket size in MiB")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="ShardedAdamW bucket size in MiB (default: ShardedAdamW's own)")
     parser.add_argument("--gather-group", action="store_true",
                         help="ShardedAdamW all-gathers on a second communicator (overlap with the reduce-scatters)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails")
@@ -73,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.workload not in workloads():
         parser.error(str(unknown_name_error("workload", args.workload, workloads())))
-    if args.steps < 1 or args.warmup < 0 or args.bucket_mb <= 0:
+    if args.steps < 1 or args.warmup < 0 or (args.bucket_mb is not None and args.bucket_mb <= 0):
         parser.error("--steps must be >= 1, --warmup >= 0 and --bucket-mb > 0")
     return args
 
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     # what the optimizer adds (its moments, padding), not the buckets it moves them into.
     named_a = make_params(workload, device, rank)
     before = allocated(device)
-    sharded = ShardedAdamW(named_a, **HYPERPARAMS, bucket_bytes=int(args.bucket_mb * 2**20),
+    bucket_bytes = None if args.bucket_mb is None else int(args.bucket_mb * 2**20)
+    sharded = ShardedAdamW(named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes,
                            gather_group=gather_group)
     sharded.step()
     sharded_delta = None if before is None else allocated(device) - before
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "world_size": world,
             "backend": backend,
             "hyperparams": HYPERPARAMS,
-            "bucket_mb": args.bucket_mb,
+            "bucket_mb": sharded.bucket_bytes / 2**20,
             "buckets": len(sharded._buckets),
             "gather_group": args.gather_group,
             "comm_mode": sharded.comm,

@@ -26,18 +26,18 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 
 
 def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-            bucket_mb: float = 1024.0, gather_group: bool = False) -> list[str]:
+            bucket_mb: float | None = None, gather_group: bool = False) -> list[str]:
     """The command line ``launch`` runs (also what a user can paste into a shell)."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
         "-m", "kernelbench.dist.bench",
         "--workload", workload, "--steps", str(steps), "--warmup", str(warmup),
-        "--bucket-mb", str(bucket_mb), "--output", str(output),
-    ] + (["--gather-group"] if gather_group else [])
+        "--output", str(output),
+    ] + (["--bucket-mb", str(bucket_mb)] if bucket_mb is not None else []) + (["--gather-group"] if gather_group else [])
 
 
 def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-           bucket_mb: float = 1024.0, gather_group: bool = False, timeout_s: float = 900.0) -> dict[str, Any]:
+           bucket_mb: float | None = None, gather_group: bool = False, timeout_s: float = 900.0) -> dict[str, Any]:
     """Runs the worker on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
     Raises UsageError for bad arguments (checked here, before any process starts), and

@@ -76,11 +76,16 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-# Measured on 2 H200s over NVLink (NCCL, model-370m, 2026-11-21, results/): a step took 17.8 ms
-# with 16 MiB buckets, 8.16 ms with 64 MiB, 6.65 ms with 256 MiB and 6.30 ms with 1 GiB. Each
-# NCCL call costs a fixed overhead that small buckets pay many times over, while the overlap
-# that many buckets allow saves less than that on a link this fast.
+# Measured on 2 H200s over NVLink (NCCL 2.28, model-370m, results/2026-11-2*-2xh200-dist-adamw*).
+# One communicator: a step took 17.8 ms with 16 MiB buckets, 8.16 ms with 64 MiB, 6.65 ms with
+# 256 MiB and 6.30 ms with 1 GiB: every collective adds a fixed cost and, in one communicator's
+# queue, bucket b's all-gather still waits for all the reduce-scatters, so overlap buys little.
+# With the all-gathers on a second communicator: 6.08 ms with 1 GiB, 5.96 with 512 MiB, 5.63 with
+# 256 MiB. Two collectives at once move more over NVLink than one (scripts/probe_nccl.py: a
+# reduce-scatter and an all-gather of 0.74 GB each took 2.23 ms together, 2.72 ms one after the
+# other), and smaller buckets keep both running for more of the step.
 DEFAULT_BUCKET_BYTES = 2**30
+DEFAULT_BUCKET_BYTES_WITH_GATHER_GROUP = 256 * 2**20
 
 
 @dataclass
@@ -111,7 +116,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             the same list (names, shapes, order) on every rank.
         lr, betas, eps, weight_decay, maximize: as torch.optim.AdamW.
         bucket_bytes: flat bucket size; smaller buckets overlap more, larger ones use the links
-            better. 1 GiB by default (DEFAULT_BUCKET_BYTES says why).
+            better. By default 1 GiB, or 256 MiB with a ``gather_group`` (the constants say why).
         process_group: the group to shard over; by default the world group when torch.distributed
             is initialised, else a single process (no communication at all).
         gather_group: optional second group over the same ranks (``dist.new_group(ranks)``) for the
@@ -139,7 +144,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         weight_decay: float = 1e-2,
         *,
         maximize: bool = False,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        bucket_bytes: int | None = None,
         process_group: dist.ProcessGroup | None = None,
         gather_group: dist.ProcessGroup | None = None,
         comm: str = "auto",
@@ -153,6 +158,8 @@ class ShardedAdamW(torch.optim.Optimizer):
                 raise ValueError(f"ShardedAdamW: invalid betas[{i}] = {beta}; accepted: 0 <= beta < 1")
         if not 0.0 <= weight_decay:
             raise ValueError(f"ShardedAdamW: invalid weight_decay {weight_decay}; accepted: >= 0")
+        if bucket_bytes is None:
+            bucket_bytes = DEFAULT_BUCKET_BYTES if gather_group is None else DEFAULT_BUCKET_BYTES_WITH_GATHER_GROUP
         if not isinstance(bucket_bytes, int) or bucket_bytes < 4:
             raise ValueError(f"ShardedAdamW: bucket_bytes must be an int >= 4, got {bucket_bytes!r}")
         if comm not in COMM_MODES:
