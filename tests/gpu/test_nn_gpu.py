@@ -131,3 +131,25 @@ def test_backward_grid_reads_occupancy():
     values = list(mod._resident_cache.values())
     print("resident programs per SM:", mod._resident_cache)
     assert values and all(1 <= v <= 8 for v in values)
+
+
+@pytest.mark.parametrize("shape, cfg", [
+    ((1024, 16384), {"wide_splits": 1, "num_warps": 16, "stages": 2}),
+    ((1024, 16384), {"wide_splits": 1, "num_warps": 32}),
+    ((777, 12000), {"wide_splits": 1, "num_warps": 16, "prefetch": True}),
+    ((512, 32768), {"wide_splits": 2, "num_warps": 16}),
+    ((256, 65536), {"wide_splits": 4, "num_warps": 16}),
+])
+def test_rmsnorm_wide_backward_on_gpu(shape, cfg):
+    """The wide backward's configs (scripts/probe_nn.py 'wide') against the fp32 reference, compiled."""
+    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(shape, generator=gen, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(shape[1], generator=gen, device="cuda")).bfloat16()
+    dy = torch.randn(shape, generator=gen, device="cuda").bfloat16()
+    _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, **cfg)
+    xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
+    rmsnorm_ref(xf, wf, 1e-6).backward(dy.float())
+    assert rel_fro(dx, xf.grad) < 5e-3 and rel_fro(dw, wf.grad) < 5e-3
