@@ -29,15 +29,17 @@ _INT32 = (-(2**31), 2**31)
 
 
 def _arg_key(arg: Any) -> Any:
-    """What Triton may specialize a runtime argument on (or ``_UNCACHEABLE``)."""
+    """What Triton may specialize a runtime argument on (or ``_UNCACHEABLE``). Exact types are
+    tested first: this runs for every argument of every launch."""
+    kind = type(arg)
+    if kind is int:
+        return (arg == 1, arg % 16 == 0, _INT32[0] <= arg < _INT32[1], arg < 2**63)
+    if kind is float:
+        return float
     if isinstance(arg, torch.Tensor):
         return (arg.dtype, arg.data_ptr() % 16 == 0)
-    if isinstance(arg, bool):
+    if kind is bool:
         return bool
-    if isinstance(arg, int):
-        return (arg == 1, arg % 16 == 0, _INT32[0] <= arg < _INT32[1], arg < 2**63)
-    if isinstance(arg, float):
-        return float
     if arg is None:
         return None
     return _UNCACHEABLE
@@ -66,11 +68,16 @@ class CachedLauncher:
                     if p.name not in meta:
                         raise TypeError(f"CachedLauncher: constexpr '{p.name}' of {kernel} must be given in meta")
                     self._constexpr_at.append((i, meta[p.name]))
+        # Usually every constexpr follows the runtime parameters: then they are simply appended.
+        n_runtime = (len(params) - len(self._constexpr_at)) if params is not None else 0
+        self._constexpr_tail = ([value for _, value in self._constexpr_at]
+                                if all(i >= n_runtime for i, _ in self._constexpr_at) else None)
         self._runners: dict[tuple, Any] = {}
         self._cacheable = params is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
     def __call__(self, *args: Any) -> None:
-        if not self._cacheable:
+        # Under torch.compile, Triton's own launch path is the one dynamo knows how to capture.
+        if not self._cacheable or torch.compiler.is_compiling():
             self.kernel[self.grid](*args, **self.meta)
             return
         key = (torch.cuda.current_device(), *map(_arg_key, args))
@@ -84,6 +91,8 @@ class CachedLauncher:
         self._runners[key] = compiled[self._grid3]
 
     def _with_constexprs(self, args: tuple) -> list:
+        if self._constexpr_tail is not None:
+            return [*args, *self._constexpr_tail]
         full = list(args)
         for position, value in self._constexpr_at:
             full.insert(position, value)

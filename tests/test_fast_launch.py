@@ -90,3 +90,13 @@ def test_interpreter_always_takes_the_ordinary_path(monkeypatch):
 def test_a_missing_constexpr_is_named():
     with pytest.raises(TypeError, match="constexpr 'FLAG'"):
         CachedLauncher(FakeKernel(), (1,), BLOCK=8)
+
+
+def test_constexprs_between_runtime_parameters_are_inserted_in_place(compiled_mode):
+    kernel = FakeKernel()
+    kernel.params.insert(1, SimpleNamespace(name="EARLY", is_constexpr=True))
+    launch = CachedLauncher(kernel, (1,), BLOCK=8, FLAG=False, EARLY=3)
+    x = torch.zeros(8)
+    launch(x, 5, 1.0)
+    launch(x, 5, 1.0)
+    assert list(kernel.log[-1][2][1:]) == [3, 5, 8, 1.0, False]

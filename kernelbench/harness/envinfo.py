@@ -42,11 +42,14 @@ def _nvidia_smi(index: int) -> dict:
 
 
 def _git_sha() -> str | None:
-    """HEAD of the checkout (``-dirty`` with uncommitted changes), else $KERNELBENCH_GIT_SHA: a
-    copy of the tree without .git (the GPU machine's) is told its commit that way."""
+    """$KERNELBENCH_GIT_SHA when set (a copy of the tree, as on the GPU machine, is told its
+    commit that way: a .git there may be older than the files), else HEAD of the checkout
+    (``-dirty`` with uncommitted changes)."""
+    if os.environ.get("KERNELBENCH_GIT_SHA"):
+        return os.environ["KERNELBENCH_GIT_SHA"]
     root = Path(kernelbench.__file__).resolve().parents[1]
     if not (root / ".git").exists():
-        return os.environ.get("KERNELBENCH_GIT_SHA")
+        return None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
