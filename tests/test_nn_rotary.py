@@ -150,8 +150,14 @@ def test_bad_input(call, match):
         call()
 
 
-@pytest.mark.parametrize("tuning", [{"block_h": 1, "block_s": 4, "num_warps": 2}, {"block_h": 4, "block_s": 2}],
-                         ids=["one-head", "four-heads"])
+@pytest.mark.parametrize("tuning", [
+    {"block_h": 1, "block_s": 4, "num_warps": 2},
+    {"block_h": 4, "block_s": 2},
+    # Programs looping over head blocks: 9 blocks in groups of 4 (the second group crosses from
+    # q's heads to k's, the last is short), and 3 blocks of 4 heads in groups of 2.
+    {"block_h": 1, "block_s": 4, "heads_per_program": 4},
+    {"block_h": 4, "block_s": 2, "heads_per_program": 2},
+], ids=["one-head", "four-heads", "one-head-loop-4", "four-heads-loop-2"])
 def test_launch_overrides_match_reference(tuning):
     """The block shapes scripts/probe_nn.py sweeps, with partial head and sequence blocks."""
     from kernelbench.nn.rotary import _launch

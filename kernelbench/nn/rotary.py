@@ -52,6 +52,9 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _ELEMENTS_PER_PROGRAM = 4096
 _DEFAULT_BLOCK_H = 1
 _DEFAULT_NUM_WARPS = 4
+# Head blocks per program (each loads its cos / sin tile once for all of them): 1 = a program per
+# head block, the layout the figures above were measured with.
+_DEFAULT_HEAD_BLOCKS_PER_PROGRAM = 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,13 +175,15 @@ def _rotary_kernel(
     COPY_PASS: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_H divides Hq and Hk, BLOCK_S divides S, BLOCK_HALF == HALF
     ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
+    HEAD_BLOCKS_PER_PROGRAM: tl.constexpr,  # head blocks a program loops over with one cos / sin tile
 ):
     s_block = tl.program_id(0)
     bh = tl.program_id(1)
     q_blocks = tl.cdiv(Hq, BLOCK_H)
     head_blocks = q_blocks + tl.cdiv(Hk, BLOCK_H)
-    b = bh // head_blocks
-    hb = bh % head_blocks
+    groups = tl.cdiv(head_blocks, HEAD_BLOCKS_PER_PROGRAM)
+    b = bh // groups
+    first_hb = (bh % groups) * HEAD_BLOCKS_PER_PROGRAM
 
     s_idx = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s_idx < S
@@ -212,14 +217,16 @@ def _rotary_kernel(
         s1, s2 = -s2, -s1
 
     b = b.to(tl.int64)
-    if hb < q_blocks:
-        _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
-                      b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
-                      EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
-    else:
-        _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
-                      b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
-                      EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+    for i in range(HEAD_BLOCKS_PER_PROGRAM):
+        hb = first_hb + i
+        if hb < q_blocks:
+            _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
+                          b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
+                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+        elif hb < head_blocks:
+            _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
+                          b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
+                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,13 +258,14 @@ _launchers: dict[tuple, CachedLauncher] = {}
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            layout="bhsd", block_h=None, block_s=None, num_warps=None):
-    """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s and
-    num_warps override the defaults (powers of two; scripts/probe_nn.py sweeps them)."""
+            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None):
+    """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s,
+    num_warps and heads_per_program (head blocks one program loops over, reusing its cos / sin
+    tile) override the defaults (scripts/probe_nn.py sweeps them)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
     hk = _bhsd_shape(k, layout)[1]
     key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
-           offsets is not None, block_h, block_s, num_warps)
+           offsets is not None, block_h, block_s, num_warps, heads_per_program)
     launch = _launchers.get(key)
     if launch is None:
         if len(_launchers) >= _MAX_LAUNCHERS:
@@ -273,7 +281,7 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
 
 
 def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              block_h, block_s, num_warps) -> CachedLauncher:
+              block_h, block_s, num_warps, heads_per_program) -> CachedLauncher:
     half = rot // 2
     block_half = triton.next_power_of_2(half)
     if block_h is None:
@@ -285,13 +293,16 @@ def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, ba
     even = seq % block_s == 0 and hq % block_h == 0 and hk % block_h == 0 and block_half == half
     block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
     head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
-    grid = (triton.cdiv(seq, block_s), batch * head_blocks)
+    if heads_per_program is None:
+        heads_per_program = _DEFAULT_HEAD_BLOCKS_PER_PROGRAM
+    heads_per_program = min(heads_per_program, head_blocks)
+    grid = (triton.cdiv(seq, block_s), batch * triton.cdiv(head_blocks, heads_per_program))
     return CachedLauncher(
         _rotary_kernel, grid,
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
         COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
-        num_warps=num_warps,
+        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, num_warps=num_warps,
     )
 
 
