@@ -44,6 +44,13 @@ def torch_fused(named_params, **hp):
     return _torch_adamw(named_params, fused=True, **hp)
 
 
+@adamw.candidate("torch-fused-capturable", baseline=True)
+def torch_fused_capturable(named_params, **hp):
+    """torch.optim.AdamW(fused=True, capturable=True): step counter on the device, so it can be
+    captured in a CUDA graph (the anchor under --cuda-graph, where the others cannot run)."""
+    return _torch_adamw(named_params, fused=True, capturable=True, **hp)
+
+
 @adamw.candidate("triton", requires=Requires(triton=True))
 def triton_adamw(named_params, **hp):
     """kernelbench TritonAdamW: one Triton launch per param group, torch forloop's rounding."""
