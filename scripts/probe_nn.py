@@ -16,10 +16,11 @@ Cases (each prints a table sorted by time, then a BEST line):
               (block_h, block_s, num_warps)
   rope-fb     rotary forward+backward: the --rope-fb-top fastest forward configs, used both ways
   wide        RMSNorm forward+backward at N in --wide-n (M = 2^27 / N, bf16): the default
-              backward (two passes + dw column kernel above N = 8192), the wide backward
-              (_rmsnorm_bwd_wide_kernel) in the WIDE configs (wide_splits = column blocks per row,
-              num_warps, stages = compiler pipelining of the row loop, prefetch), torch.compile and
-              liger; each wide row names its compiled registers / spills / shared memory and grid
+              backward (the wide kernel up to N = 16384, above it two passes + dw column kernel),
+              the WIDE configs (N = 16384: the two-pass kernels it replaced; 32768 and 65536: dw
+              accumulated in the two-pass dx kernel, dw_in_dx, with programs_per_sm, num_warps,
+              chunk_n, reverse_pass2), torch.compile and liger; each config row names its compiled
+              registers / spills / shared memory and grid
   rope-host   rotary forward and forward+backward through apply_rotary: device ms and host_us with
               the launches as shipped (CachedLauncher) and forced onto Triton's launch path
 
@@ -30,7 +31,8 @@ The last line is a JSON summary of the best config per case.
 
   python scripts/probe_nn.py                        # everything, ~80 s on an H200
   python scripts/probe_nn.py --cases rms-fwd,rope-fwd --rms-fwd "block_m=1,num_warps=8;block_m=2,num_warps=16"
-  python scripts/probe_nn.py --cases wide,rope-host  # the wide backward and launch overhead, ~2 min
+  python scripts/probe_nn.py --cases wide --no-compile  # the wide rows' backward variants, ~30 s
+  python scripts/probe_nn.py --cases wide,rope-host  # with torch.compile anchors and launch overhead
 
 Configs on the command line: ';' between configs, ',' between key=value pairs; "default" is the
 built-in choice. A sweep config is "fwd:k=v,...|bwd:k=v,..." (either side may be left out).
@@ -60,17 +62,24 @@ RMS_BWD = ("default;prefetch=0;num_warps=8,programs_per_sm=2;num_warps=16,progra
            "block_m=2,num_warps=16,programs_per_sm=2")
 SWEEP = ("default;bwd:prefetch=0;fwd:num_warps=16|bwd:num_warps=16,programs_per_sm=1;fwd:programs_per_sm=2;"
          "fwd:programs_per_sm=8")
-# Wide backward configs per N (";" between configs, "," between key=value), after the default
-# forward. wide_splits=0 is the row kernels (the current default above N = 8192).
+# Backward configs of the wide case per N (";" between configs, "," between key=value), after the
+# default forward; the default backward is the autograd row. N = 16384: the default is the wide
+# kernel (1 split, 32 warps), wide_splits=0 the two-pass row kernels it replaced. N = 32768 and
+# 65536: the two-pass dx kernel with dw accumulated in its pass 2 (dw_in_dx: one fp32 partial row
+# per program in L2, 1 or 2 programs per SM, chunk_n wide chunks), and pass 2 reversed
+# (reverse_pass2) with and without it. The wide kernel's configs there spilled (1 to 7+ ms on an
+# H200): dropped.
+DW_IN_DX = ("dw_in_dx=1,programs_per_sm=1,num_warps=16;dw_in_dx=1,programs_per_sm=2,num_warps=16;"
+            "dw_in_dx=1,programs_per_sm=1,num_warps=8;dw_in_dx=1,programs_per_sm=2,num_warps=8;"
+            "dw_in_dx=1,programs_per_sm=1,num_warps=8,chunk_n=4096;dw_in_dx=1,programs_per_sm=2,num_warps=8,chunk_n=4096;"
+            "dw_in_dx=1,programs_per_sm=1,num_warps=32,chunk_n=16384;"
+            "dw_in_dx=1,programs_per_sm=1,num_warps=16,reverse_pass2=1;"
+            "dw_in_dx=1,programs_per_sm=2,num_warps=16,reverse_pass2=1;"
+            "dw_in_dx=0,reverse_pass2=1;dw_in_dx=0,programs_per_sm=1")
 WIDE = {
-    16384: ("wide_splits=1,num_warps=16;wide_splits=1,num_warps=16,stages=2;wide_splits=1,num_warps=16,stages=3;"
-            "wide_splits=1,num_warps=32;wide_splits=1,num_warps=32,stages=2;wide_splits=1,num_warps=16,prefetch=1;"
-            "wide_splits=2,num_warps=16;wide_splits=2,num_warps=8"),
-    32768: ("wide_splits=2,num_warps=16;wide_splits=2,num_warps=16,stages=2;wide_splits=2,num_warps=32;"
-            "wide_splits=2,num_warps=32,stages=2;wide_splits=4,num_warps=16;wide_splits=4,num_warps=8;"
-            "wide_splits=4,num_warps=16,stages=2"),
-    65536: ("wide_splits=4,num_warps=16;wide_splits=4,num_warps=32;wide_splits=4,num_warps=16,stages=2;"
-            "wide_splits=8,num_warps=16;wide_splits=8,num_warps=8"),
+    16384: "wide_splits=0;wide_splits=1,num_warps=16",
+    32768: DW_IN_DX,
+    65536: DW_IN_DX,
 }
 ROPE = ("default;block_h=1,block_s=32,num_warps=4;block_h=1,block_s=16,num_warps=2;"
         "block_h=1,block_s=32,num_warps=2;block_h=1,block_s=64,num_warps=4;block_h=1,block_s=64,num_warps=8;"

@@ -65,8 +65,8 @@ SHAPES = [
     ((1, 760), torch.float32),  # M = 1, N not a power of two
     ((5, 123, 123), torch.bfloat16),  # odd everything, 3-D
     ((37, 64), torch.float16),  # several rows per program, a partial last block
-    ((3, 9000), torch.bfloat16),  # backward two-pass path (N > 8192) and the dw column kernel
-    ((2, 17000), torch.float32),  # forward two-pass path too (N > 16384)
+    ((3, 9000), torch.bfloat16),  # the wide backward, the default for 8192 < N <= 16384
+    ((2, 17000), torch.float32),  # two-pass forward and backward (N > 16384), the dw column kernel
 ]
 
 
@@ -111,7 +111,7 @@ def test_non_contiguous_inputs(kind):
 
 def test_gradcheck_fp64():
     gen = torch.Generator().manual_seed(11)
-    for shape in [(3, 37), (2, 9000)]:  # single-pass and two-pass backward
+    for shape in [(3, 37), (2, 9000)]:  # single-pass and wide backward (two passes: the next test)
         x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
         w = torch.randn(shape[-1], generator=gen, dtype=torch.float64, requires_grad=True)
         r = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -192,57 +192,122 @@ WIDE = [  # (M, N, dtype, splits, extra backward keywords)
 ]
 
 
-@pytest.mark.parametrize("has_weight, has_dres", [(True, False), (True, True), (False, True)],
-                         ids=["weight", "weight-dres", "no-weight-dres"])
-@pytest.mark.parametrize("m, n, dtype, splits, extra", WIDE,
-                         ids=[f"{m}x{n}-{str(d)[6:]}-s{s}" for m, n, d, s, _ in WIDE])
-def test_wide_backward_matches_reference(m, n, dtype, splits, extra, has_weight, has_dres):
+def check_backward(m, n, dtype, has_weight, has_dres, **cfg):
+    """_rmsnorm_bwd with the launch keywords ``cfg`` against the fp64 reference."""
     from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
 
-    gen = torch.Generator().manual_seed(m * n + splits)
+    gen = torch.Generator().manual_seed(m * n + len(cfg))
     x = torch.randn(m, n, generator=gen).to(dtype)
     w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype) if has_weight else None
     dy = torch.randn(m, n, generator=gen).to(dtype)
     dres = torch.randn(m, n, generator=gen).to(dtype) if has_dres else None
     _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, dres, wide_splits=splits, programs_per_sm=1, **extra)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, dres, **cfg)
     xr = x.double().requires_grad_(True)
     wr = w.double().requires_grad_(True) if has_weight else None
     rmsnorm_ref(xr, wr, 1e-6).backward(dy.double())
     want_dx = xr.grad + (dres.double() if has_dres else 0)
-    got = [dx] + ([dw] if has_weight else [])
-    want = [want_dx] + ([wr.grad] if has_weight else [])
-    names = ["dx"] + (["dweight"] if has_weight else [])
-    for name, g, r in zip(names, got, want):
-        if name == "dweight":
-            assert g.dtype == dtype
-            assert_fro(name, g, r, DW_FRO[dtype])
-        else:
-            assert_close(name, g, r, *TOL[dtype])
+    assert_close("dx", dx, want_dx, *TOL[dtype])
+    if has_weight:
+        assert dw.dtype == dtype
+        assert_fro("dweight", dw, wr.grad, DW_FRO[dtype])
+    else:
+        assert dw is None
+
+
+WEIGHT_DRES = [(True, False), (True, True), (False, True)]
+WEIGHT_DRES_IDS = ["weight", "weight-dres", "no-weight-dres"]
+
+
+@pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
+@pytest.mark.parametrize("m, n, dtype, splits, extra", WIDE,
+                         ids=[f"{m}x{n}-{str(d)[6:]}-s{s}" for m, n, d, s, _ in WIDE])
+def test_wide_backward_matches_reference(m, n, dtype, splits, extra, has_weight, has_dres):
+    check_backward(m, n, dtype, has_weight, has_dres, wide_splits=splits, programs_per_sm=1, **extra)
+
+
+# The two-pass row kernel forced at small N with small chunks (chunk_n), with dw accumulated in
+# pass 2 into one partial row per program (dw_in_dx) or by the dw column kernel, pass 2 forwards
+# or reversed. programs_per_sm=1 / 2 makes 4 / 8 programs in the interpreter, so each loops over
+# several rows: its partial row is written by its first row and added to by the others.
+TWO_PASS = [  # (M, N, dtype, backward keywords)
+    (11, 24, torch.float32, {"chunk_n": 8, "dw_in_dx": True, "programs_per_sm": 1}),
+    (13, 760, torch.bfloat16, {"chunk_n": 128, "dw_in_dx": True, "programs_per_sm": 2}),
+    (9, 761, torch.float32, {"chunk_n": 256, "dw_in_dx": True, "programs_per_sm": 1, "reverse_pass2": True}),
+    (19, 761, torch.bfloat16, {"chunk_n": 64, "dw_in_dx": True, "programs_per_sm": 2, "reverse_pass2": True}),
+    (7, 761, torch.bfloat16, {"chunk_n": 256, "reverse_pass2": True}),  # the dw column kernel
+]
+
+
+@pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
+@pytest.mark.parametrize("m, n, dtype, cfg", TWO_PASS, ids=[
+    f"{m}x{n}-{str(d)[6:]}-" + "-".join(f"{k}{int(v)}" for k, v in c.items()) for m, n, d, c in TWO_PASS])
+def test_two_pass_backward_matches_reference(m, n, dtype, cfg, has_weight, has_dres):
+    check_backward(m, n, dtype, has_weight, has_dres, **cfg)
+
+
+def test_two_pass_default_switch(monkeypatch):
+    """An entry of _BWD_TWO_PASS_CONFIG (how a measured winner becomes the default) reaches the
+    public autograd path: here dw in the dx kernel for N = 9000 with the wide kernel switched off."""
+    from kernelbench.nn import rmsnorm as mod
+
+    monkeypatch.setattr(mod, "_BWD_WIDE_MAX_N", 8192)
+    monkeypatch.setattr(mod, "_BWD_TWO_PASS_CONFIG", {
+        16384: {"dw_in_dx": True, "programs_per_sm": 1, "chunk_n": 4096, "reverse_pass2": True}})
+    monkeypatch.setattr(mod, "_bwd_plans", {})
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(9000, generator=gen)).to(torch.bfloat16).requires_grad_(True)
+    r = torch.randn(5, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    got, want = run_both(x, w, r)
+    check(got, want, torch.bfloat16, True, True)
+    (plan,) = mod._bwd_plans.values()
+    assert plan.main.kernel is mod._rmsnorm_bwd_kernel and plan.dw_columns is None
+    assert plan.main.meta["DW_IN_DX"] and plan.main.meta["REVERSE_PASS2"] and plan.main.meta["BLOCK_N"] == 4096
+    assert plan.partial_rows == 4  # one partial row per program: 1 per SM, 4 "SMs" in the interpreter
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"chunk_n": 100}, "chunk_n must be a power of two, got 100"),
+    ({"chunk_n": 64, "block_m": 2}, "take one row per block, got block_m=2"),
+    ({"dw_in_dx": True}, "apply to the two-pass kernel"),
+    ({"wide_splits": 2, "dw_in_dx": True}, "not the wide backward"),
+])
+def test_bad_backward_keywords(cfg, match):
+    from kernelbench.nn.rmsnorm import _rmsnorm_bwd
+
+    x = torch.randn(3, 200)
+    with pytest.raises(ValueError, match=match):
+        _rmsnorm_bwd(x, torch.ones(200), torch.ones(3), x, None, **cfg)
 
 
 def test_wide_backward_default_switch(monkeypatch):
-    """With _BWD_WIDE_MAX_N raised, rows above the single-pass width take the wide kernel through
-    the public autograd path with _BWD_WIDE_CONFIG's entry for the padded width (9000 -> 16384)."""
+    """Rows in (8192, 16384] take the wide kernel by default through the public autograd path,
+    with _BWD_WIDE_CONFIG's entry for the padded width (9000 -> 16384)."""
     from kernelbench.nn import rmsnorm as mod
 
-    monkeypatch.setattr(mod, "_BWD_WIDE_MAX_N", 16384)
-    monkeypatch.setattr(mod, "_BWD_WIDE_CONFIG", {16384: (2, 4, 1)})
-    monkeypatch.setattr(mod, "_bwd_plans", {})  # plans made under the default switch by other tests
+    monkeypatch.setattr(mod, "_bwd_plans", {})  # plans made by other tests
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
     w = (1 + 0.1 * torch.randn(9000, generator=gen)).to(torch.bfloat16).requires_grad_(True)
     r = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
     got, want = run_both(x, w, r)
     check(got, want, torch.bfloat16, True, True)
-    plans = list(mod._bwd_plans.values())
-    assert plans and all(plan.main.kernel is mod._rmsnorm_bwd_wide_kernel for plan in plans)
+    (plan,) = mod._bwd_plans.values()
+    splits, warps, stages = mod._BWD_WIDE_CONFIG[16384]
+    assert plan.main.kernel is mod._rmsnorm_bwd_wide_kernel
+    assert (plan.main.meta["SPLITS"], plan.main.meta["num_warps"], plan.main.meta["STAGES"]) == (splits, warps, stages)
 
 
-def test_gradcheck_fp64_wide():
+@pytest.mark.parametrize("cfg", [
+    {"wide_splits": 2, "programs_per_sm": 1},
+    {"chunk_n": 8, "programs_per_sm": 1},
+    {"chunk_n": 8, "dw_in_dx": True, "programs_per_sm": 1, "reverse_pass2": True},
+], ids=["wide", "two-pass", "two-pass-dw-in-dx"])
+def test_gradcheck_fp64_backward_configs(cfg):
     from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
 
-    class Wide(torch.autograd.Function):
+    class Norm(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
             y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
@@ -252,9 +317,9 @@ def test_gradcheck_fp64_wide():
         @staticmethod
         def backward(ctx, dy):
             x, w, rstd = ctx.saved_tensors
-            return _rmsnorm_bwd(x, w, rstd, dy.contiguous(), None, wide_splits=2, programs_per_sm=1)
+            return _rmsnorm_bwd(x, w, rstd, dy.contiguous(), None, **cfg)
 
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(5, 37, generator=gen, dtype=torch.float64, requires_grad=True)
     w = torch.randn(37, generator=gen, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(Wide.apply, (x, w), fast_mode=True)
+    assert torch.autograd.gradcheck(Norm.apply, (x, w), fast_mode=True)

@@ -24,16 +24,21 @@ Kernels (block sizes per N are in ``_config`` and ``_fwd_config``):
   program loops over its rows, writes dx, and keeps its share of dw in fp32 registers, written
   once as a row of an fp32 (programs, N) partial buffer; ``_sum_rows_kernel`` then reduces that
   buffer (a few MB) to dw. The dw reduction thus costs one store per program, not per row.
-  Wider rows cannot keep both the row and a dw accumulator of N fp32 values on chip, so dx takes
-  two passes per row (dot product, then dx, the row coming back from L2) and dw comes from a
-  column-parallel kernel (``_rmsnorm_dw_kernel``) that reads x and dy once more: 10 bytes per
-  bf16 element instead of 6, what torch.compile's generated backward moves at every N.
-- ``_rmsnorm_bwd_wide_kernel`` (any N; not the default until measured, see ``_BWD_WIDE_MAX_N``):
-  each program owns a column block of N / splits columns, keeps x, g = dy * w and its dw
-  accumulator for that block in registers while it visits rows p, p + P, ..., so x and dy are
-  read from HBM once (6 bytes per bf16 element in all) and dw still costs one store per program.
-  With splits > 1 the row's dot product also needs the other blocks: each program reads them in
-  chunks as their owners, launched next to it on the same rows, load them, so they come from L2.
+  Wider rows (above 16384, see below) cannot keep both the row and a dw accumulator of N fp32
+  values on chip, so dx takes two passes per row (dot product, then dx, the row coming back
+  from L2) and dw comes, by default, from a column-parallel kernel (``_rmsnorm_dw_kernel``) that
+  reads x and dy once more: 10 bytes per bf16 element instead of 6, what torch.compile's
+  generated backward moves at every N. With ``dw_in_dx`` pass 2 instead adds dy * x_hat to the
+  program's own fp32 row of length N in a (programs, N) partial buffer (load, add, store: an L2
+  read-modify-write, no atomics), which ``_sum_rows_kernel`` reduces: x and dy are read from
+  HBM once. Not the default until measured (``_BWD_TWO_PASS_CONFIG``).
+- ``_rmsnorm_bwd_wide_kernel`` (the default for 8192 < N <= 16384, ``_BWD_WIDE_MAX_N``; any N
+  with ``wide_splits``): each program owns a column block of N / splits columns, keeps x,
+  g = dy * w and its dw accumulator for that block in registers while it visits rows p, p + P,
+  ..., so x and dy are read from HBM once (6 bytes per bf16 element in all) and dw still costs
+  one store per program. With splits > 1 the row's dot product also needs the other blocks:
+  each program reads them in chunks as their owners, launched next to it on the same rows, load
+  them, so they come from L2 (measured far slower at 32768 and 65536: the blocks spill).
 - N > 65536 is refused by the Triton path; ``impl="auto"`` falls back to PyTorch there.
 
 Launches go through ``kernelbench.fast_launch.CachedLauncher``, one per launch plan (the grid and
@@ -72,18 +77,23 @@ _FWD_WIDE_SINGLE_PASS_MAX_N = 32768
 # registers, so it keeps rows in registers only up to half the forward's width.
 _BWD_SINGLE_PASS_MAX_N = 8192
 # Rows wider than _BWD_SINGLE_PASS_MAX_N and at most this wide take the wide backward kernel
-# (x, dy and dw in registers for a column block of the row, see _rmsnorm_bwd_wide_kernel) by
-# default. Not measured on a GPU yet, so it equals _BWD_SINGLE_PASS_MAX_N: no row takes it until
-# scripts/probe_nn.py's "wide" case shows it beating the two-pass kernels.
-_BWD_WIDE_MAX_N = _BWD_SINGLE_PASS_MAX_N
+# (x, dy and dw in registers for the whole row, see _rmsnorm_bwd_wide_kernel) by default.
+# Measured on an H200 (2026-11-22, triton 3.6.0, bf16, M*N = 2^27, forward+backward, copy
+# 4117 GB/s) at N = 16384: wide, 1 split, 32 warps 0.3496 ms (64 registers, 0 spills), 16 warps
+# 0.3499, torch.compile 0.5115, the two-pass kernel + dw column kernel 0.5216, liger 0.80.
+# Wider rows do not fit: at N = 32768 every wide configuration spilled (2 splits at 32 warps:
+# 38 spills, 1.02 ms, against 0.5759 for the two-pass path), at 65536 they took 7+ ms.
+_BWD_WIDE_MAX_N = 16384
 # The wide backward's default (column splits, num_warps, stages) per padded row width. Register
-# budget: each program holds x, g = dy * w and the dw accumulator for BLOCK_N = N / splits
-# columns in fp32, 12 bytes per column; one SM has 256 KB of registers, a thread at most 255
-# (128 at 16 warps, 64 at 32 warps). 16384 columns at 16 warps are 96 registers of data per
-# thread, one program per SM, the next row's loads pipelined through shared memory (stages=2,
-# 64 KB of bf16 x and dy per stage). Wider rows split: each program reads the rest of the row
-# (from L2, where the other blocks' owners just loaded it) for the row's dot product.
-_BWD_WIDE_CONFIG = {16384: (1, 16, 2), 32768: (2, 16, 1), 65536: (4, 16, 1)}
+# budget: the program holds x, g = dy * w and the dw accumulator for the row in fp32, 16 values
+# each per thread at 32 warps (1024 threads, at most 64 registers each: one program per SM).
+# Neither software pipelining (stages=2) nor prefetching the next row measured faster.
+_BWD_WIDE_CONFIG = {16384: (1, 32, 1)}
+# The two-pass backward's default keyword arguments of _rmsnorm_bwd per padded row width (N above
+# _BWD_WIDE_MAX_N), e.g. {32768: dict(dw_in_dx=True, programs_per_sm=1, num_warps=16)}: empty
+# until scripts/probe_nn.py's "wide" case measures a variant beating the default (dx kernel with
+# 2 programs per SM, then _rmsnorm_dw_kernel).
+_BWD_TWO_PASS_CONFIG: dict[int, dict] = {}
 # Chunk width of the two-pass kernels: 16 fp32 values per thread at 16 warps, no spills.
 _CHUNK_N = 8192
 # Small N: pack rows so a program moves >= 4096 elements (8 KB of bf16); fewer, fatter programs
@@ -205,12 +215,15 @@ def _rmsnorm_bwd_kernel(
     dres_ptr, dres_stride,  # gradient of the new residual h (HAS_DRES)
     rstd_ptr,  # (M,) fp32 from the forward
     dx_ptr, dx_stride,  # gradient of x (and of the residual)
-    dw_partial_ptr,  # (num_programs, N) fp32: each program's share of dw (SINGLE_PASS only)
+    dw_partial_ptr,  # (num_programs, N) fp32: each program's share of dw (SINGLE_PASS or DW_IN_DX)
     M, N,
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the padded row block (single pass) or the chunk width (two passes)
     SINGLE_PASS: tl.constexpr,  # the row fits in registers: dw is accumulated here too
     PREFETCH: tl.constexpr,  # single pass: load the next row block while reducing this one
+    DW_IN_DX: tl.constexpr,  # two passes: accumulate dw here, in the partial buffer (HAS_WEIGHT)
+    REVERSE_PASS2: tl.constexpr,  # two passes: pass 2 visits the chunks last to first, so its
+    #   first reads are the chunks pass 1 read last (the likeliest still in L2)
     HAS_DRES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
@@ -267,8 +280,11 @@ def _rmsnorm_bwd_kernel(
         if HAS_WEIGHT:
             tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     else:
-        # BLOCK_M == 1; dx only (dw comes from _rmsnorm_dw_kernel). Pass 1: sum(g * x) over the
-        # row; pass 2 reads the row back (from L2) and writes dx = rstd*g - x * rstd^3 * sum/N.
+        # BLOCK_M == 1. Pass 1: sum(g * x) over the row; pass 2 reads the row back (from L2) and
+        # writes dx = rstd*g - x * rstd^3 * sum/N. dw: with DW_IN_DX pass 2 also adds dy * x_hat
+        # to this program's own fp32 row of the partial buffer (load, add, store, mostly in L2;
+        # no atomics, the row is private); else _rmsnorm_dw_kernel reads x and dy once more.
+        num_chunks = tl.cdiv(N, BLOCK_N)
         for row in range(pid, M, num_programs):
             rstd = tl.load(rstd_ptr + row)
             row64 = tl.cast(row, tl.int64)  # a new name: the loop variable keeps its type
@@ -281,10 +297,20 @@ def _rmsnorm_bwd_kernel(
                     dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
                 acc += dy * x
             coef = tl.sum(acc, axis=0) * rstd * rstd * rstd / N
-            for start in range(0, N, BLOCK_N):
+            for i in range(num_chunks):
+                if REVERSE_PASS2:
+                    start = (num_chunks - 1 - i) * BLOCK_N
+                else:
+                    start = i * BLOCK_N
                 mask = start + cols < N
                 x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
                 dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                if DW_IN_DX:
+                    partial_ptrs = dw_partial_ptr + pid * N + start + cols
+                    # The program's first row (row == pid) writes its partial row instead of
+                    # adding to it (the load masked off entirely), so the buffer needs no zero fill.
+                    dw = tl.load(partial_ptrs, mask=start + cols < tl.where(row == pid, 0, N), other=0.0)
+                    tl.store(partial_ptrs, dw + dy * (x * rstd), mask=mask)
                 if HAS_WEIGHT:
                     dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
                 dx = rstd * dy - x * coef
@@ -438,10 +464,18 @@ def _device_index(t: torch.Tensor) -> int | None:
 
 
 def _config(n: int, single_pass_max_n: int, block_m: int | None = None,
-            num_warps: int | None = None) -> tuple[int, int, bool, int]:
+            num_warps: int | None = None, chunk_n: int | None = None) -> tuple[int, int, bool, int]:
     """(BLOCK_M, BLOCK_N, SINGLE_PASS, num_warps) for rows of width n; ``block_m`` and
-    ``num_warps`` override the defaults (scripts/probe_nn.py sweeps them)."""
-    if n <= single_pass_max_n:
+    ``num_warps`` override the defaults (scripts/probe_nn.py sweeps them); ``chunk_n`` forces
+    two passes over chunks of that width, whatever n."""
+    if chunk_n is not None:
+        if chunk_n < 1 or chunk_n & (chunk_n - 1):
+            raise ValueError(f"rmsnorm: chunk_n must be a power of two, got {chunk_n}")
+        if block_m not in (None, 1):
+            raise ValueError(f"rmsnorm: the two-pass kernels (chunk_n={chunk_n}) take one row per block, "
+                             f"got block_m={block_m}")
+        block_m, block_n, single = 1, chunk_n, False
+    elif n <= single_pass_max_n:
         block_n = triton.next_power_of_2(n)
         if block_m is None:
             block_m = max(1, _ELEMENTS_PER_PROGRAM // block_n)
@@ -580,32 +614,38 @@ def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, progr
 class _BwdPlan(NamedTuple):
     main: CachedLauncher  # _rmsnorm_bwd_kernel or _rmsnorm_bwd_wide_kernel
     partial_rows: int  # rows of the fp32 dw partial buffer (0: no weight)
-    dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two-pass path)
+    dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two passes, no dw_in_dx)
     rows_per_split: int  # rows each dw_columns program sums
     sum_rows: CachedLauncher | None  # _sum_rows_kernel: partials -> dw
 
 
 def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 prefetch=None, wide_splits=None, stages=None):
+                 prefetch=None, wide_splits=None, stages=None, chunk_n=None, dw_in_dx=None, reverse_pass2=None):
     """dx and dw (None without a weight). The keyword arguments override the launch
     configuration (None: the default for this N):
 
     - ``wide_splits``: 0 takes the row kernels (single pass up to ``_BWD_SINGLE_PASS_MAX_N``,
-      else two passes and the dw column kernel); k >= 1 the wide kernel with k column blocks per
-      row (``_rmsnorm_bwd_wide_kernel``, any N); None: the wide kernel with ``_BWD_WIDE_CONFIG``
-      for N in (``_BWD_SINGLE_PASS_MAX_N``, ``_BWD_WIDE_MAX_N``], the row kernels otherwise.
+      else two passes); k >= 1 the wide kernel with k column blocks per row
+      (``_rmsnorm_bwd_wide_kernel``, any N); None: the wide kernel with ``_BWD_WIDE_CONFIG``
+      for N in (``_BWD_SINGLE_PASS_MAX_N``, ``_BWD_WIDE_MAX_N``] unless a two-pass keyword
+      below is given, the row kernels otherwise.
     - ``stages``: the wide kernel's software pipelining of its row loop (1: none).
     - ``prefetch``: load the next rows into registers while reducing the current ones; on by
       default in the single-pass row kernel (measured on an H200, bf16, M*N = 2^27, N = 256 to
       8192: 0.338-0.340 ms of forward+backward against 0.370 without), off in the wide one.
+    - Two-pass row kernel: ``chunk_n`` (chunk width, a power of two; given, it forces two passes
+      at any N), ``dw_in_dx`` (accumulate dw in the dx kernel's pass 2 into one fp32 partial row
+      per program instead of running ``_rmsnorm_dw_kernel``: x and dy come from HBM once, not
+      twice), ``reverse_pass2`` (pass 2 visits the chunks last to first). None: from
+      ``_BWD_TWO_PASS_CONFIG`` for the padded N when ``dw_in_dx`` is None, else off / ``_CHUNK_N``.
     - ``block_m`` (row kernels), ``num_warps``, ``programs_per_sm`` (persistent grid size)."""
     m, n = x2d.shape
     dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     has_weight = weight is not None
     if m == 0:
         return dx, (torch.zeros_like(weight) if has_weight else None)
-    key = (m, n, x2d.dtype, x2d.get_device(), has_weight, dres2d is not None,
-           block_m, num_warps, programs_per_sm, prefetch, wide_splits, stages)
+    key = (m, n, x2d.dtype, x2d.get_device(), has_weight, dres2d is not None, block_m, num_warps,
+           programs_per_sm, prefetch, wide_splits, stages, chunk_n, dw_in_dx, reverse_pass2)
     plan = _bwd_plans.get(key)
     args = [
         x2d, x2d.stride(0),
@@ -618,8 +658,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
         m, n,
     ]
     if plan is None:
-        plan = _remember(_bwd_plans, key, _bwd_plan(args, key[4], key[5], block_m, num_warps, programs_per_sm,
-                                                   prefetch, wide_splits, stages))
+        plan = _remember(_bwd_plans, key, _bwd_plan(args, *key[4:]))
     if not has_weight:
         plan.main(*args)
         return dx, None
@@ -635,18 +674,23 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
 
 
 def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, prefetch, wide_splits,
-              stages) -> _BwdPlan:
+              stages, chunk_n, dw_in_dx, reverse_pass2) -> _BwdPlan:
     x2d = args[0]
     m, n = x2d.shape
     sms = _sm_count(_device_index(x2d))
     acc = _tl_acc(x2d.dtype)
-    if wide_splits is None and block_m is None and _BWD_SINGLE_PASS_MAX_N < n <= _BWD_WIDE_MAX_N:
+    two_pass_keywords = (chunk_n, dw_in_dx, reverse_pass2) != (None, None, None)
+    if (wide_splits is None and block_m is None and not two_pass_keywords
+            and _BWD_SINGLE_PASS_MAX_N < n <= _BWD_WIDE_MAX_N):
         wide_splits, default_warps, default_stages = _BWD_WIDE_CONFIG[triton.next_power_of_2(n)]
         num_warps = num_warps or default_warps
         stages = stages or default_stages
     if wide_splits:
         if block_m not in (None, 1):
             raise ValueError(f"rmsnorm: the wide backward takes one row per program, got block_m={block_m}")
+        if two_pass_keywords:
+            raise ValueError("rmsnorm: chunk_n, dw_in_dx and reverse_pass2 apply to the two-pass row kernel, "
+                             f"not the wide backward (wide_splits={wide_splits})")
         kernel, splits, single = _rmsnorm_bwd_wide_kernel, wide_splits, True
         block_n = triton.next_power_of_2(triton.cdiv(n, splits))
         num_warps = num_warps or min(16, max(4, block_n // 512))
@@ -657,16 +701,27 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
         )
     else:
         kernel, splits = _rmsnorm_bwd_kernel, 1
-        block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N, block_m, num_warps)
+        if dw_in_dx is None and n > _BWD_WIDE_MAX_N:
+            defaults = _BWD_TWO_PASS_CONFIG.get(triton.next_power_of_2(n), {})
+            dw_in_dx = defaults.get("dw_in_dx")
+            chunk_n = chunk_n if chunk_n is not None else defaults.get("chunk_n")
+            reverse_pass2 = reverse_pass2 if reverse_pass2 is not None else defaults.get("reverse_pass2")
+            num_warps = num_warps or defaults.get("num_warps")
+            programs_per_sm = programs_per_sm or defaults.get("programs_per_sm")
+        block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N, block_m, num_warps, chunk_n)
+        if single and (dw_in_dx or reverse_pass2):
+            raise ValueError(f"rmsnorm: dw_in_dx and reverse_pass2 apply to the two-pass kernel (N > "
+                             f"{_BWD_SINGLE_PASS_MAX_N} or chunk_n given), not to rows of width {n}")
         meta = dict(
             BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PREFETCH=single and (prefetch is None or bool(prefetch)),
+            DW_IN_DX=bool(dw_in_dx) and has_weight, REVERSE_PASS2=bool(reverse_pass2),
             HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc, num_warps=num_warps,
         )
     # Persistent, each program looping over rows. Single pass (and wide): as many programs per SM
     # as can be resident at once (from the compiled kernel's registers and shared memory); more
     # would run as a second, partial wave, a tail of one program per SM. Two passes: 2 per SM, so
     # the rows re-read in pass 2 stay in L2. Capped at the row blocks so every program writes a
-    # dw partial.
+    # dw partial (with dw_in_dx: every program has a first row, which initialises its partial).
     if programs_per_sm is None:
         programs_per_sm = _resident_per_sm(kernel, args, meta, x2d) if single else 2
     row_programs = min(triton.cdiv(m, block_m if not wide_splits else 1), max(1, programs_per_sm * sms // splits))
@@ -675,7 +730,7 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
     if not has_weight:
         return _BwdPlan(main, 0, None, 0, None)
     dw_columns, rows_per_split, partial_rows = None, 0, row_programs
-    if not single:
+    if not single and not dw_in_dx:
         dw_block_n = 256
         col_blocks = triton.cdiv(n, dw_block_n)
         dw_splits = max(1, min(triton.cdiv(m, 32), 4 * sms // col_blocks))

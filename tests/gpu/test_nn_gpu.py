@@ -137,11 +137,19 @@ def test_backward_grid_reads_occupancy():
     ((1024, 16384), {"wide_splits": 1, "num_warps": 16, "stages": 2}),
     ((1024, 16384), {"wide_splits": 1, "num_warps": 32}),
     ((777, 12000), {"wide_splits": 1, "num_warps": 16, "prefetch": True}),
+    ((777, 12000), {}),  # the default for 8192 < N <= 16384: wide, 1 split, 32 warps
     ((512, 32768), {"wide_splits": 2, "num_warps": 16}),
     ((256, 65536), {"wide_splits": 4, "num_warps": 16}),
+    # dw accumulated in the two-pass dx kernel (one fp32 partial row per program, L2 read-modify-write);
+    # more rows than programs, so each partial row is added to after its first row
+    ((513, 32768), {"dw_in_dx": True, "programs_per_sm": 1, "num_warps": 16}),
+    ((513, 32768), {"dw_in_dx": True, "programs_per_sm": 2, "num_warps": 8, "chunk_n": 4096}),
+    ((601, 65536), {"dw_in_dx": True, "programs_per_sm": 2, "num_warps": 16, "reverse_pass2": True}),
+    ((601, 65536), {"dw_in_dx": False, "reverse_pass2": True}),
+    ((300, 30000), {"dw_in_dx": True, "programs_per_sm": 1, "num_warps": 32, "chunk_n": 16384}),  # N not 2^k
 ])
 def test_rmsnorm_wide_backward_on_gpu(shape, cfg):
-    """The wide backward's configs (scripts/probe_nn.py 'wide') against the fp32 reference, compiled."""
+    """The 'wide' case's backward configs (scripts/probe_nn.py) against the fp32 reference, compiled."""
     from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
 
     gen = torch.Generator(device="cuda").manual_seed(4)
