@@ -31,7 +31,7 @@ The last line is a JSON summary of the best config per case.
 
   python scripts/probe_nn.py                        # everything, ~80 s on an H200
   python scripts/probe_nn.py --cases rms-fwd,rope-fwd --rms-fwd "block_m=1,num_warps=8;block_m=2,num_warps=16"
-  python scripts/probe_nn.py --cases wide --no-compile  # the wide rows' backward variants, ~30 s
+  python scripts/probe_nn.py --cases wide --no-compile  # the wide case without compile anchors, < 1 min
   python scripts/probe_nn.py --cases wide,rope-host  # with torch.compile anchors and launch overhead
 
 Configs on the command line: ';' between configs, ',' between key=value pairs; "default" is the
