@@ -62,11 +62,12 @@ def main() -> None:
     opt.step()
     plan = next(iter(opt._plans.values()))
     raw = lambda: adamw_mod._adamw_group_kernel[plan.grid](  # noqa: E731
-        plan.table, plan.n_tensors, *plan.scalars, DTYPE=triton.language.float32, AMSGRAD=False, MAXIMIZE=False,
-        ALIGNED=plan.aligned, INV_BC2_FP64=adamw_mod.reciprocal_in_fp64(p.device), BLOCK_SIZE=adamw_mod.BLOCK,
-        num_warps=adamw_mod.NUM_WARPS, enable_fp_fusion=False)
+        plan.table, plan.n_tensors, plan.ticket, *plan.scalars, DTYPE=triton.language.float32, AMSGRAD=False,
+        MAXIMIZE=False, ALIGNED=plan.aligned, INV_BC2_FP64=adamw_mod.reciprocal_in_fp64(p.device),
+        BLOCK_SIZE=adamw_mod.BLOCK, INCREMENT_STEPS=plan.increments_steps, num_warps=adamw_mod.NUM_WARPS,
+        enable_fp_fusion=False)
     emit(row="triton-launch", host_us=host_us(raw))
-    emit(row="cached-launch", host_us=host_us(lambda: plan.launch(plan.table, plan.n_tensors, *plan.scalars)))
+    emit(row="cached-launch", host_us=host_us(lambda: plan.launch(plan.table, plan.n_tensors, plan.ticket, *plan.scalars)))
 
     runs = {"step-cached": opt.step}
     slow_p = make_param()

@@ -74,6 +74,28 @@ def test_matches_torch_adamw(kw):
         compare(opt_a, opt_b, a, b, step)
 
 
+@pytest.mark.parametrize("fused_limit", [0, 10**9], ids=["separate-increment-launch", "increment-in-update"])
+def test_step_counters_advance_either_way(monkeypatch, fused_limit):
+    """A single small launch advances the step counters itself (ticket); otherwise a separate
+    increment launch does: both give torch's result and counters."""
+    from kernelbench.optim import adamw as adamw_mod
+
+    monkeypatch.setattr(adamw_mod, "FUSED_INCREMENT_MAX_PROGRAMS", fused_limit)
+    init = make_params(3)
+    a = [torch.nn.Parameter(t.clone()) for t in init]
+    b = [torch.nn.Parameter(t.clone()) for t in init]
+    opt_a, opt_b = pair(a, b, lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(3):
+        set_grads(a, b, gen)
+        opt_a.step()
+        opt_b.step()
+        compare(opt_a, opt_b, a, b, step)
+    plan = next(iter(opt_a._plans.values()))
+    assert plan.increments_steps == (fused_limit > 0)
+    assert plan.ticket.item() == 0  # re-armed for the next launch
+
+
 def test_param_groups_scheduler_closure_and_params_without_grads():
     init = make_params(2)
     a = [torch.nn.Parameter(t.clone()) for t in init]
