@@ -160,10 +160,11 @@ TUNINGS = [
     ({"block_m": 4, "num_warps": 4}, {"prefetch": True}),  # several rows per block, prefetching bwd
     ({"programs_per_sm": 1}, {"programs_per_sm": 1, "prefetch": True}),  # persistent: programs loop
     ({"block_m": 1, "programs_per_sm": 2}, {"block_m": 2, "num_warps": 2, "programs_per_sm": 1, "prefetch": True}),
+    ({"block_m": 1, "early_weight": True}, {}),  # the weight loaded together with x
 ]
 
 
-@pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS, ids=["rows4-prefetch", "persistent", "mixed"])
+@pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS, ids=["rows4-prefetch", "persistent", "mixed", "early-weight"])
 def test_launch_overrides_match_reference(fwd_cfg, bwd_cfg):
     from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
 

@@ -73,6 +73,9 @@ IMPLS = ("auto", "triton", "torch")
 _FWD_SINGLE_PASS_MAX_N = 16384
 # ... and up to this width with 32 warps, one row per program (the default configuration only).
 _FWD_WIDE_SINGLE_PASS_MAX_N = 32768
+# Single-pass rows wider than this load the weight together with x (EARLY_WEIGHT). Not measured
+# yet: above every width for now (scripts/probe_rms_fwd.py decides).
+_FWD_EARLY_WEIGHT_MIN_N = MAX_N
 # The backward holds x, dy and the dw accumulator per element, three times the forward's
 # registers, so it keeps rows in registers only up to half the forward's width.
 _BWD_SINGLE_PASS_MAX_N = 8192
@@ -126,6 +129,7 @@ def _rmsnorm_fwd_rows(
     M, N, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -134,6 +138,10 @@ def _rmsnorm_fwd_rows(
     if SINGLE_PASS:
         mask = row_mask[:, None] & (cols < N)[None, :]
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+        if HAS_WEIGHT and EARLY_WEIGHT:
+            # Issued with x's load, kept in its own dtype until used: its latency hides under x's
+            # instead of following the reduction (one row per program leaves nothing else to overlap).
+            w_early = tl.load(w_ptr + cols, mask=cols < N, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
             h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
@@ -143,7 +151,10 @@ def _rmsnorm_fwd_rows(
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)
         y = x * rstd[:, None]
         if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)
+            if EARLY_WEIGHT:
+                w = w_early.to(ACC)
+            else:
+                w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)
             y = y * w[None, :]
         tl.store(y_ptr + rows[:, None] * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
@@ -193,18 +204,19 @@ def _rmsnorm_fwd_kernel(
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
+    EARLY_WEIGHT: tl.constexpr,  # single pass: load the weight together with x
 ):
     pid = tl.program_id(0)
     if PERSISTENT:
         for row_block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
             _rmsnorm_fwd_rows(row_block, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
                               h_ptr, h_stride, rstd_ptr, M, N, eps,
-                              BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC)
+                              BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT)
     else:
         # No loop at all (as liger's forward): nothing loop-carried, no trip-count bookkeeping.
         _rmsnorm_fwd_rows(pid, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
                           h_ptr, h_stride, rstd_ptr, M, N, eps,
-                          BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC)
+                          BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT)
 
 
 @triton.jit
@@ -565,7 +577,8 @@ def _remember(plans: dict, key: tuple, plan):
     return plan
 
 
-def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None):
+def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None,
+                 early_weight=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
     configuration (None: the default); ``programs_per_sm`` makes the grid persistent."""
     m, n = x2d.shape
@@ -575,11 +588,11 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     if m == 0:
         return y, h, rstd
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
-           block_m, num_warps, programs_per_sm)
+           block_m, num_warps, programs_per_sm, early_weight)
     launch = _fwd_plans.get(key)
     if launch is None:
         launch = _remember(_fwd_plans, key, _fwd_launcher(m, n, x2d, key[4], key[5], block_m, num_warps,
-                                                          programs_per_sm))
+                                                          programs_per_sm, early_weight))
     launch(
         x2d, x2d.stride(0),
         residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
@@ -591,7 +604,8 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     return y, h, rstd
 
 
-def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, programs_per_sm) -> CachedLauncher:
+def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, programs_per_sm,
+                  early_weight) -> CachedLauncher:
     if block_m is None and num_warps is None:
         block_m, block_n, single, num_warps = _fwd_config(n)
     else:
@@ -607,7 +621,9 @@ def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, progr
     return CachedLauncher(
         _rmsnorm_fwd_kernel, (grid,),
         BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PERSISTENT=persistent,
-        HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype), num_warps=num_warps,
+        HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype),
+        EARLY_WEIGHT=bool(single and (early_weight if early_weight is not None else n > _FWD_EARLY_WEIGHT_MIN_N)),
+        num_warps=num_warps,
     )
 
 
