@@ -73,9 +73,12 @@ IMPLS = ("auto", "triton", "torch")
 _FWD_SINGLE_PASS_MAX_N = 16384
 # ... and up to this width with 32 warps, one row per program (the default configuration only).
 _FWD_WIDE_SINGLE_PASS_MAX_N = 32768
-# Single-pass rows wider than this load the weight together with x (EARLY_WEIGHT). Not measured
-# yet: above every width for now (scripts/probe_rms_fwd.py decides).
-_FWD_EARLY_WEIGHT_MIN_N = MAX_N
+# Single-pass rows wider than this load the weight together with x (EARLY_WEIGHT). Measured on an
+# H200 (bf16, M*N = 2^27, scripts/probe_rms_fwd.py, 2026-11-22): 0.1334 vs 0.1356 ms at N = 8192,
+# 0.1354 vs 0.1372 at 16384, 0.1447 vs 0.1454 at 32768, outputs bitwise equal. Predicted ~0.13 ms
+# at 32768 (the weight's latency after the reduction looked like the gap to torch.compile's
+# 0.1325); the 0.5% gain says it was not: the gap is elsewhere. Narrower rows not measured.
+_FWD_EARLY_WEIGHT_MIN_N = 4096
 # The backward holds x, dy and the dw accumulator per element, three times the forward's
 # registers, so it keeps rows in registers only up to half the forward's width.
 _BWD_SINGLE_PASS_MAX_N = 8192
