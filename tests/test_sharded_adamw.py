@@ -345,3 +345,25 @@ def test_bench_worker_writes_its_json_on_two_cpu_ranks(tmp_path):
     state = result["state_bytes_per_rank"]
     assert state["sharded"]["tensors"] < 0.55 * state["allreduce_fused"]["tensors"], state
     assert result["parity"]["max_rel_diff"] < 1e-5, result["parity"]
+
+
+@pytest.mark.parametrize("writes_json", [True, False], ids=["results-then-crash", "crash-before-results"])
+def test_launch_keeps_complete_results_when_only_the_shutdown_fails(tmp_path, monkeypatch, writes_json):
+    """Rank 0 writes the JSON after every rank's timings reached it: a non-zero exit after that
+    is a shutdown failure, reported beside the rows; without the JSON the run failed."""
+    import sys
+
+    from kernelbench.dist import launch as launch_mod
+
+    output = tmp_path / "dist.json"
+    script = (f"import json, pathlib; pathlib.Path({str(output)!r}).write_text(json.dumps({{'workload': 'tiny'}}))\n"
+              if writes_json else "") + "print('terminate called without an active exception'); raise SystemExit(1)"
+    monkeypatch.setattr(launch_mod, "command", lambda *args, **kwargs: [sys.executable, "-c", script])
+    if writes_json:
+        result = launch_mod.launch(nproc=2, workload="tiny", steps=1, output=output)
+        assert result["workload"] == "tiny"
+        assert "exited with code 1 after the results were written" in result["teardown_error"]
+        assert "terminate called" in result["teardown_error"]
+    else:
+        with pytest.raises(RuntimeError, match="the ranks failed"):
+            launch_mod.launch(nproc=2, workload="tiny", steps=1, output=output)
