@@ -70,7 +70,7 @@ from ._triton_utils import (
     upload_int64,
 )
 from ._triton_utils import interpreting
-from .adamw import StepIncrementer, reciprocal_in_fp64
+from .adamw import StepIncrementer, bias_corrections, reciprocal_in_fp64
 
 STATE_DTYPES = ("fp32", "bf16", "fp8")
 KINDS = ("adam", "head", "row", "tensor")
@@ -191,15 +191,8 @@ def _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.con
     """From this step's t (already incremented on the device): 1/(1-beta1^t) and
     1/sqrt(1-beta2^t) as fp32, computed in fp64 as the official code does on the host."""
     t = tl.load(step_ptr).to(tl.float64)
-    log_beta1 = log_beta1_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    log_beta2 = log_beta2_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    inv_bc1 = (1.0 / (1.0 - tl.exp(t * log_beta1))).to(tl.float32)
-    bc2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
-    if INV_BC2_FP64:
-        inv_bc2_sqrt = (1.0 / bc2_sqrt).to(tl.float32)
-    else:
-        inv_bc2_sqrt = tl.div_rn(1.0, bc2_sqrt.to(tl.float32))
-    return inv_bc1, inv_bc2_sqrt
+    bias_correction1, inv_bc2_sqrt = bias_corrections(t, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    return (1.0 / bias_correction1).to(tl.float32), inv_bc2_sqrt
 
 
 @triton.jit

@@ -100,6 +100,23 @@ _WHO = "TritonAdamW"
 # Kernels
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def bias_corrections(t, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr):
+    """For step t (fp64): 1 - beta1^t in fp64, and 1/sqrt(1 - beta2^t) as fp32, computed as
+    torch / the official Adam-mini do on the host (fp64, then one rounding). beta**t is
+    exp(t * log(beta)) from log(beta)'s fp64 bit pattern; the final reciprocal is taken in fp64
+    or fp32 as the device's ATen does (``reciprocal_in_fp64``)."""
+    log_beta1 = log_beta1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    log_beta2 = log_beta2_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    bias_correction1 = 1.0 - tl.exp(t * log_beta1)
+    bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
+    if INV_BC2_FP64:
+        inv_bc2_sqrt = (1.0 / bias_correction2_sqrt).to(tl.float32)
+    else:
+        inv_bc2_sqrt = tl.div_rn(1.0, bias_correction2_sqrt.to(tl.float32))
+    return bias_correction1, inv_bc2_sqrt
+
+
+@triton.jit
 def _adamw_scalars(step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr,
                    STEP_NOT_YET_INCREMENTED: tl.constexpr = False):
     """From this step's t (fp32 on the device; step + 1 when the counter is advanced after the
@@ -108,17 +125,10 @@ def _adamw_scalars(step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP
     t = tl.load(step_ptr)
     if STEP_NOT_YET_INCREMENTED:
         t = t + 1.0  # in fp32, as the increment kernel would have stored it
-    t = t.to(tl.float64)
     lr = lr_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    log_beta1 = log_beta1_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    log_beta2 = log_beta2_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    bias_correction1 = 1.0 - tl.exp(t * log_beta1)
-    bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
+    bias_correction1, inv_bc2_sqrt = bias_corrections(t.to(tl.float64), log_beta1_bits, log_beta2_bits,
+                                                      INV_BC2_FP64)
     neg_step_size = (-(lr / bias_correction1)).to(tl.float32)
-    if INV_BC2_FP64:
-        inv_bc2_sqrt = (1.0 / bias_correction2_sqrt).to(tl.float32)
-    else:
-        inv_bc2_sqrt = tl.div_rn(1.0, bias_correction2_sqrt.to(tl.float32))
     return neg_step_size, inv_bc2_sqrt
 
 
