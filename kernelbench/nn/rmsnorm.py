@@ -132,7 +132,7 @@ def _rmsnorm_fwd_rows(
     M, N, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr, X_EVICT: tl.constexpr, X_REREAD_EVICT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -140,7 +140,8 @@ def _rmsnorm_fwd_rows(
     rows = rows.to(tl.int64)  # offsets of tensors above 2^31 elements
     if SINGLE_PASS:
         mask = row_mask[:, None] & (cols < N)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(ACC)
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy=X_EVICT).to(ACC)
         if HAS_WEIGHT and EARLY_WEIGHT:
             # Issued with x's load, kept in its own dtype until used: its latency hides under x's
             # instead of following the reduction (one row per program leaves nothing else to overlap).
@@ -168,7 +169,8 @@ def _rmsnorm_fwd_rows(
         for start in range(0, N, BLOCK_N):
             mask = row_mask[:, None] & (start + cols < N)[None, :]
             offs = start + cols[None, :]
-            x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
+            x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0,
+                        eviction_policy=X_EVICT).to(ACC)
             if HAS_RESIDUAL:
                 r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
                 h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
@@ -180,7 +182,8 @@ def _rmsnorm_fwd_rows(
         for start in range(0, N, BLOCK_N):
             mask = row_mask[:, None] & (start + cols < N)[None, :]
             offs = start + cols[None, :]
-            x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0).to(ACC)
+            x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0,
+                        eviction_policy=X_REREAD_EVICT).to(ACC)
             if HAS_RESIDUAL:
                 r = tl.load(res_ptr + rows[:, None] * res_stride + offs, mask=mask, other=0.0)
                 x = (x + r.to(ACC)).to(h_ptr.dtype.element_ty).to(ACC)
@@ -208,18 +211,22 @@ def _rmsnorm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
     EARLY_WEIGHT: tl.constexpr,  # single pass: load the weight together with x
+    X_EVICT: tl.constexpr,  # L2 eviction hint of x's (first) read: "", "evict_first", "evict_last"
+    X_REREAD_EVICT: tl.constexpr,  # two passes: the hint of pass 2's read of x
 ):
     pid = tl.program_id(0)
     if PERSISTENT:
         for row_block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
             _rmsnorm_fwd_rows(row_block, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
                               h_ptr, h_stride, rstd_ptr, M, N, eps,
-                              BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT)
+                              BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT,
+                              X_EVICT, X_REREAD_EVICT)
     else:
         # No loop at all (as liger's forward): nothing loop-carried, no trip-count bookkeeping.
         _rmsnorm_fwd_rows(pid, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
                           h_ptr, h_stride, rstd_ptr, M, N, eps,
-                          BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT)
+                          BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT,
+                          X_EVICT, X_REREAD_EVICT)
 
 
 @triton.jit
@@ -581,9 +588,11 @@ def _remember(plans: dict, key: tuple, plan):
 
 
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 early_weight=None):
+                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
-    configuration (None: the default); ``programs_per_sm`` makes the grid persistent."""
+    configuration (None: the default); ``programs_per_sm`` makes the grid persistent (0: one row
+    block per program, also for two passes), ``chunk_n`` forces two passes over chunks of that
+    width, ``x_evict`` / ``x_reread_evict`` are the L2 eviction hints of x's reads."""
     m, n = x2d.shape
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     h = torch.empty_like(y) if residual2d is not None else None
@@ -591,11 +600,12 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     if m == 0:
         return y, h, rstd
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
-           block_m, num_warps, programs_per_sm, early_weight)
+           block_m, num_warps, programs_per_sm, early_weight, chunk_n, x_evict, x_reread_evict)
     launch = _fwd_plans.get(key)
     if launch is None:
         launch = _remember(_fwd_plans, key, _fwd_launcher(m, n, x2d, key[4], key[5], block_m, num_warps,
-                                                          programs_per_sm, early_weight))
+                                                          programs_per_sm, early_weight, chunk_n, x_evict,
+                                                          x_reread_evict))
     launch(
         x2d, x2d.stride(0),
         residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
@@ -608,24 +618,25 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
 
 
 def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, programs_per_sm,
-                  early_weight) -> CachedLauncher:
-    if block_m is None and num_warps is None:
+                  early_weight, chunk_n, x_evict, x_reread_evict) -> CachedLauncher:
+    if block_m is None and num_warps is None and chunk_n is None:
         block_m, block_n, single, num_warps = _fwd_config(n)
     else:
-        block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N, block_m, num_warps)
+        block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N, block_m, num_warps, chunk_n)
     row_blocks = triton.cdiv(m, block_m)
     # Single pass: one row block per program, no loop. Two passes: a persistent grid of 8
     # programs per SM (at most 4 of 16 warps are resident, the rest queue), measured on an H200
     # at (2048, 65536) bf16 forward+backward: 0.693 ms against 0.705 with 2 per SM.
     if programs_per_sm is None and not single:
         programs_per_sm = 8
-    persistent = programs_per_sm is not None
+    persistent = bool(programs_per_sm)
     grid = min(row_blocks, programs_per_sm * _sm_count(_device_index(x2d))) if persistent else row_blocks
     return CachedLauncher(
         _rmsnorm_fwd_kernel, (grid,),
         BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PERSISTENT=persistent,
         HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype),
         EARLY_WEIGHT=bool(single and (early_weight if early_weight is not None else n > _FWD_EARLY_WEIGHT_MIN_N)),
+        X_EVICT=x_evict or "", X_REREAD_EVICT=x_reread_evict or "",
         num_warps=num_warps,
     )
 

@@ -55,6 +55,9 @@ _DEFAULT_NUM_WARPS = 4
 # Head blocks per program (each loads its cos / sin tile once for all of them): 1 = a program per
 # head block, the layout the figures above were measured with.
 _DEFAULT_HEAD_BLOCKS_PER_PROGRAM = 1
+# Which kernel: "rows" (_rotary_rows_kernel, whole head vectors) or "halves" (_rotary_kernel).
+_DEFAULT_KERNEL = "rows"
+_ROW_ELEMENTS_PER_PROGRAM = 4096
 
 
 # ------------------------------------------------------------------------------------------------
@@ -229,6 +232,113 @@ def _rotary_kernel(
                           EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
 
 
+@triton.jit
+def _rotate_rows(
+    x_ptr, x_ss, x_sd,  # one head of the input: rows s at x_ptr + s * x_ss
+    o_ptr, o_ss, o_sd,
+    s_idx, d, partner, sign, rotated, c, sn, S, D,
+    EVEN: tl.constexpr, FULL_ROT: tl.constexpr, COPY_PASS: tl.constexpr, ACC: tl.constexpr,
+):
+    s64 = s_idx.to(tl.int64)[:, None]
+    x_rows = x_ptr + s64 * x_ss
+    o_rows = o_ptr + s64 * o_ss
+    if EVEN:
+        x = tl.load(x_rows + d[None, :] * x_sd)
+        xp = tl.load(x_rows + partner[None, :] * x_sd).to(ACC)
+    else:
+        mask = (s_idx < S)[:, None] & (d < D)[None, :]
+        x = tl.load(x_rows + d[None, :] * x_sd, mask=mask, other=0.0)
+        xp = tl.load(x_rows + partner[None, :] * x_sd, mask=mask, other=0.0).to(ACC)
+    out = (x.to(ACC) * c + sign[None, :] * xp * sn).to(o_ptr.dtype.element_ty)
+    if not FULL_ROT:
+        out = tl.where(rotated[None, :], out, x)  # pass-through dims bit for bit
+    if COPY_PASS or FULL_ROT:
+        if EVEN:
+            tl.store(o_rows + d[None, :] * o_sd, out)
+        else:
+            tl.store(o_rows + d[None, :] * o_sd, out, mask=mask)
+    else:  # in place: leave the pass-through dims alone
+        tl.store(o_rows + d[None, :] * o_sd, out, mask=(s_idx < S)[:, None] & rotated[None, :])
+
+
+@triton.jit
+def _rotary_rows_kernel(
+    q_ptr, q_sb, q_sh, q_ss, q_sd,  # q as (B, Hq, S, D), any strides
+    k_ptr, k_sb, k_sh, k_ss, k_sd,  # k as (B, Hk, S, D)
+    qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,  # rotated q (may alias q: in place)
+    ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,  # rotated k
+    cos_ptr, cos_stride,  # (positions, rotary_dim), unit column stride
+    sin_ptr, sin_stride,
+    offsets_ptr,  # (B,) int: per-batch position offsets (HAS_OFFSETS)
+    position_offset,  # int: the offset when there are no per-batch offsets
+    Hq, Hk, S, D,
+    HALF: tl.constexpr,  # rotary_dim / 2
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # the padded head dimension
+    INTERLEAVED: tl.constexpr,
+    BACKWARD: tl.constexpr,  # rotate by the transposed matrix (gradients)
+    HAS_OFFSETS: tl.constexpr,
+    COPY_PASS: tl.constexpr,  # write dims rotary_dim..D too (out of place); in place leaves them
+    EVEN: tl.constexpr,  # BLOCK_S divides S and BLOCK_D == D: loads and stores unmasked
+    ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
+):
+    """Whole head vectors: one program rotates BLOCK_S positions of one head, full rows in and
+    one contiguous store out. Element d takes its partner p(d) (d +- rotary_dim/2, or d ^ 1
+    interleaved) through a second load of the same rows, which hits in L1:
+
+        forward   out[d] = x[d] * cos[d] + sign(d) * x[p(d)] * sin[d]
+        backward  dx[d]  = dy[d] * cos[d] - sign(d) * dy[p(d)] * sin[p(d)]
+
+    sign(d) = -1 for the first element of each pair, +1 for the second (the module docstring's
+    formulas, per element). Dims from rotary_dim on pass through."""
+    FULL_ROT: tl.constexpr = 2 * HALF == BLOCK_D
+    s_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // (Hq + Hk)
+    h = bh % (Hq + Hk)
+
+    s_idx = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
+    if HAS_OFFSETS:
+        pos = s_idx + tl.load(offsets_ptr + b)
+    else:
+        pos = s_idx + position_offset
+    pos = pos.to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    rotated = d < 2 * HALF
+    if INTERLEAVED:
+        partner = d ^ 1
+        first = d % 2 == 0
+    else:
+        first = d < HALF
+        partner = tl.where(first, d + HALF, d - HALF)
+    partner = tl.where(rotated, partner, d)  # pass-through dims read themselves: no extra traffic
+    sign = tl.where(first, -1.0, 1.0).to(ACC)
+    if BACKWARD:
+        sign = -sign
+        sin_col = partner
+    else:
+        sin_col = d
+    c_ptrs = cos_ptr + pos[:, None] * cos_stride + d[None, :]
+    s_ptrs = sin_ptr + pos[:, None] * sin_stride + sin_col[None, :]
+    if EVEN and FULL_ROT:
+        c = tl.load(c_ptrs).to(ACC)
+        sn = tl.load(s_ptrs).to(ACC)
+    else:
+        t_mask = (s_idx < S)[:, None] & rotated[None, :]
+        c = tl.load(c_ptrs, mask=t_mask, other=0.0).to(ACC)
+        sn = tl.load(s_ptrs, mask=t_mask, other=0.0).to(ACC)
+
+    b = b.to(tl.int64)
+    if h < Hq:
+        hq = h.to(tl.int64)
+        _rotate_rows(q_ptr + b * q_sb + hq * q_sh, q_ss, q_sd, qo_ptr + b * qo_sb + hq * qo_sh, qo_ss, qo_sd,
+                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC)
+    else:
+        hk = (h - Hq).to(tl.int64)
+        _rotate_rows(k_ptr + b * k_sb + hk * k_sh, k_ss, k_sd, ko_ptr + b * ko_sb + hk * ko_sh, ko_ss, ko_sd,
+                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC)
+
+
 # ------------------------------------------------------------------------------------------------
 # Launch
 # ------------------------------------------------------------------------------------------------
@@ -258,14 +368,14 @@ _launchers: dict[tuple, CachedLauncher] = {}
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None):
+            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None, kernel=None):
     """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s,
     num_warps and heads_per_program (head blocks one program loops over, reusing its cos / sin
     tile) override the defaults (scripts/probe_nn.py sweeps them)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
     hk = _bhsd_shape(k, layout)[1]
     key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
-           offsets is not None, block_h, block_s, num_warps, heads_per_program)
+           offsets is not None, block_h, block_s, num_warps, heads_per_program, kernel or _DEFAULT_KERNEL)
     launch = _launchers.get(key)
     if launch is None:
         if len(_launchers) >= _MAX_LAUNCHERS:
@@ -281,8 +391,21 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
 
 
 def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              block_h, block_s, num_warps, heads_per_program) -> CachedLauncher:
+              block_h, block_s, num_warps, heads_per_program, kernel) -> CachedLauncher:
     half = rot // 2
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    if kernel == "rows":
+        block_d = triton.next_power_of_2(dim)
+        if block_s is None:
+            block_s = max(1, min(triton.next_power_of_2(seq), _ROW_ELEMENTS_PER_PROGRAM // block_d))
+        return CachedLauncher(
+            _rotary_rows_kernel, (triton.cdiv(seq, block_s), batch * (hq + hk)),
+            HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, INTERLEAVED=interleaved, BACKWARD=backward,
+            HAS_OFFSETS=has_offsets, COPY_PASS=copy_pass, EVEN=seq % block_s == 0 and block_d == dim, ACC=acc,
+            num_warps=num_warps or _DEFAULT_NUM_WARPS,
+        )
+    if kernel != "halves":
+        raise ValueError(f"rotary: kernel must be 'rows' or 'halves', got {kernel!r}")
     block_half = triton.next_power_of_2(half)
     if block_h is None:
         block_h = _DEFAULT_BLOCK_H
@@ -301,7 +424,7 @@ def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, ba
         _rotary_kernel, grid,
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
-        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc,
         HEAD_BLOCKS_PER_PROGRAM=heads_per_program, num_warps=num_warps,
     )
 
