@@ -3,7 +3,8 @@
   rope-fwd / rope-fb  rotary bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128), HF rotate_half:
                       the "halves" kernel (x1 / x2 loaded as separate half rows, session 2's
                       default) against the "rows" kernel (whole head vectors, the partner element
-                      through a second, L1-hitting load, one contiguous store), tiles and warps
+                      through a second, L1-hitting load, one contiguous store), tiles and warps,
+                      L2 eviction hints on the cos / sin tables (evict_last) and on q / k
   rms-4096            RMSNorm bf16 (32768, 4096) forward: L2 eviction hints on x's read
   rms-32768 / 65536   RMSNorm bf16 forward, M = 2^27 / N: the single-pass row-in-registers kernel
                       (32 warps, one program per SM) against two passes (sum of squares, then x
@@ -21,6 +22,7 @@ code for the anchors is logged (TORCH_LOGS=output_code) to stderr, to see what i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 
 import torch
@@ -36,11 +38,15 @@ from kernelbench.ops.rotary import rotary_ref, rotary_tables
 EPS = 1e-6
 HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first"}
 
+TABLE_LAST = {"table_evict": "evict_last"}
 ROPE_FWD = [
     {"kernel": "halves"},
-    {"kernel": "rows"},
-    *({"kernel": "rows", "block_s": s, "num_warps": w} for s in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)
-      if 512 <= s * 128 // w <= 8192),
+    {"kernel": "halves", **TABLE_LAST},
+    {"kernel": "halves", "x_evict": "evict_first"},
+    {"kernel": "halves", **TABLE_LAST, "x_evict": "evict_first"},
+    *({"kernel": "halves", "block_s": s, "num_warps": w, **TABLE_LAST} for s, w in ((16, 2), (16, 4), (64, 4), (64, 8))),
+    *({"kernel": "rows", "block_s": s, "num_warps": w, **h}
+      for s, w in ((8, 2), (16, 4), (32, 4)) for h in ({}, TABLE_LAST, {**TABLE_LAST, "x_evict": "evict_first"})),
 ]
 RMS_CONFIGS = {
     4096: [{}, {"x_evict": "evict_first"}, {"block_m": 2, "num_warps": 8}, {"block_m": 2, "num_warps": 8, "x_evict": "evict_first"},
@@ -138,7 +144,7 @@ def rms_case(n: int, copy: float) -> None:
     compiled = torch.compile(rmsnorm_ref, dynamic=False)
     times, kinds, diffs = {}, {}, {}
     try:
-        import torch.distributed.tensor  # noqa: F401  (liger's forward checks for DTensor inputs)
+        importlib.import_module("torch.distributed.tensor")  # liger's forward checks for DTensor inputs
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
         times["liger"], kinds["liger"] = bench(lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)), "anchor"

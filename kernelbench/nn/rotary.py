@@ -56,8 +56,10 @@ _DEFAULT_NUM_WARPS = 4
 # head block, the layout the figures above were measured with.
 _DEFAULT_HEAD_BLOCKS_PER_PROGRAM = 1
 # Which kernel: "rows" (_rotary_rows_kernel, whole head vectors) or "halves" (_rotary_kernel).
-_DEFAULT_KERNEL = "rows"
+_DEFAULT_KERNEL = "halves"
 _ROW_ELEMENTS_PER_PROGRAM = 4096
+# L2 eviction hint of the cos / sin loads ("" none, "evict_last", "evict_first").
+_DEFAULT_TABLE_EVICT = ""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -121,6 +123,7 @@ def _rotate_heads(
     INTERLEAVED: tl.constexpr,
     COPY_PASS: tl.constexpr,  # copy dims rotary_dim..D to the output (out of place only)
     ACC: tl.constexpr,
+    X_EVICT: tl.constexpr,
 ):
     heads = h0 + tl.arange(0, BLOCK_H)
     j = tl.arange(0, BLOCK_HALF)
@@ -136,11 +139,11 @@ def _rotate_heads(
     x_row = x_ptr + b * x_sb + heads[:, None, None] * x_sh + s64[None, :, None] * x_ss
     o_row = o_ptr + b * o_sb + heads[:, None, None] * o_sh + s64[None, :, None] * o_ss
     if EVEN:
-        x1 = tl.load(x_row + d1[None, None, :] * x_sd).to(ACC)
-        x2 = tl.load(x_row + d2[None, None, :] * x_sd).to(ACC)
+        x1 = tl.load(x_row + d1[None, None, :] * x_sd, eviction_policy=X_EVICT).to(ACC)
+        x2 = tl.load(x_row + d2[None, None, :] * x_sd, eviction_policy=X_EVICT).to(ACC)
     else:
-        x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
-        x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
+        x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0, eviction_policy=X_EVICT).to(ACC)
+        x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0, eviction_policy=X_EVICT).to(ACC)
     out1 = (x1 * c1 - x2 * s1).to(o_ptr.dtype.element_ty)
     out2 = (x2 * c2 + x1 * s2).to(o_ptr.dtype.element_ty)
     if EVEN:
@@ -179,6 +182,8 @@ def _rotary_kernel(
     EVEN: tl.constexpr,  # BLOCK_H divides Hq and Hk, BLOCK_S divides S, BLOCK_HALF == HALF
     ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
     HEAD_BLOCKS_PER_PROGRAM: tl.constexpr,  # head blocks a program loops over with one cos / sin tile
+    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads
+    X_EVICT: tl.constexpr,  # ... and of q / k's
 ):
     s_block = tl.program_id(0)
     bh = tl.program_id(1)
@@ -207,15 +212,19 @@ def _rotary_kernel(
     tmask = s_mask[None, :, None] & (j < HALF)[None, None, :]
     t_row = pos[None, :, None]
     if EVEN:
-        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :]).to(ACC)
-        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :]).to(ACC)
-        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :]).to(ACC)
-        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :]).to(ACC)
+        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
+        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
+        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
+        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
     else:
-        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], mask=tmask, other=0.0).to(ACC)
-        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], mask=tmask, other=0.0).to(ACC)
-        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], mask=tmask, other=0.0).to(ACC)
-        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], mask=tmask, other=0.0).to(ACC)
+        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], mask=tmask, other=0.0,
+                     eviction_policy=TABLE_EVICT).to(ACC)
+        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], mask=tmask, other=0.0,
+                     eviction_policy=TABLE_EVICT).to(ACC)
+        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], mask=tmask, other=0.0,
+                     eviction_policy=TABLE_EVICT).to(ACC)
+        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], mask=tmask, other=0.0,
+                     eviction_policy=TABLE_EVICT).to(ACC)
     if BACKWARD:
         s1, s2 = -s2, -s1
 
@@ -225,11 +234,11 @@ def _rotary_kernel(
         if hb < q_blocks:
             _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
                           b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC, X_EVICT)
         elif hb < head_blocks:
             _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
                           b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC, X_EVICT)
 
 
 @triton.jit
@@ -238,16 +247,17 @@ def _rotate_rows(
     o_ptr, o_ss, o_sd,
     s_idx, d, partner, sign, rotated, c, sn, S, D,
     EVEN: tl.constexpr, FULL_ROT: tl.constexpr, COPY_PASS: tl.constexpr, ACC: tl.constexpr,
+    X_EVICT: tl.constexpr,
 ):
     s64 = s_idx.to(tl.int64)[:, None]
     x_rows = x_ptr + s64 * x_ss
     o_rows = o_ptr + s64 * o_ss
     if EVEN:
-        x = tl.load(x_rows + d[None, :] * x_sd)
+        x = tl.load(x_rows + d[None, :] * x_sd, eviction_policy=X_EVICT)
         xp = tl.load(x_rows + partner[None, :] * x_sd).to(ACC)
     else:
         mask = (s_idx < S)[:, None] & (d < D)[None, :]
-        x = tl.load(x_rows + d[None, :] * x_sd, mask=mask, other=0.0)
+        x = tl.load(x_rows + d[None, :] * x_sd, mask=mask, other=0.0, eviction_policy=X_EVICT)
         xp = tl.load(x_rows + partner[None, :] * x_sd, mask=mask, other=0.0).to(ACC)
     out = (x.to(ACC) * c + sign[None, :] * xp * sn).to(o_ptr.dtype.element_ty)
     if not FULL_ROT:
@@ -281,6 +291,8 @@ def _rotary_rows_kernel(
     COPY_PASS: tl.constexpr,  # write dims rotary_dim..D too (out of place); in place leaves them
     EVEN: tl.constexpr,  # BLOCK_S divides S and BLOCK_D == D: loads and stores unmasked
     ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
+    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads
+    X_EVICT: tl.constexpr,  # ... and of q / k's
 ):
     """Whole head vectors: one program rotates BLOCK_S positions of one head, full rows in and
     one contiguous store out. Element d takes its partner p(d) (d +- rotary_dim/2, or d ^ 1
@@ -321,22 +333,22 @@ def _rotary_rows_kernel(
     c_ptrs = cos_ptr + pos[:, None] * cos_stride + d[None, :]
     s_ptrs = sin_ptr + pos[:, None] * sin_stride + sin_col[None, :]
     if EVEN and FULL_ROT:
-        c = tl.load(c_ptrs).to(ACC)
-        sn = tl.load(s_ptrs).to(ACC)
+        c = tl.load(c_ptrs, eviction_policy=TABLE_EVICT).to(ACC)
+        sn = tl.load(s_ptrs, eviction_policy=TABLE_EVICT).to(ACC)
     else:
         t_mask = (s_idx < S)[:, None] & rotated[None, :]
-        c = tl.load(c_ptrs, mask=t_mask, other=0.0).to(ACC)
-        sn = tl.load(s_ptrs, mask=t_mask, other=0.0).to(ACC)
+        c = tl.load(c_ptrs, mask=t_mask, other=0.0, eviction_policy=TABLE_EVICT).to(ACC)
+        sn = tl.load(s_ptrs, mask=t_mask, other=0.0, eviction_policy=TABLE_EVICT).to(ACC)
 
     b = b.to(tl.int64)
     if h < Hq:
         hq = h.to(tl.int64)
         _rotate_rows(q_ptr + b * q_sb + hq * q_sh, q_ss, q_sd, qo_ptr + b * qo_sb + hq * qo_sh, qo_ss, qo_sd,
-                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC)
+                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC, X_EVICT)
     else:
         hk = (h - Hq).to(tl.int64)
         _rotate_rows(k_ptr + b * k_sb + hk * k_sh, k_ss, k_sd, ko_ptr + b * ko_sb + hk * ko_sh, ko_ss, ko_sd,
-                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC)
+                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC, X_EVICT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,14 +380,16 @@ _launchers: dict[tuple, CachedLauncher] = {}
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None, kernel=None):
+            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None, kernel=None,
+            table_evict=None, x_evict=None):
     """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s,
     num_warps and heads_per_program (head blocks one program loops over, reusing its cos / sin
     tile) override the defaults (scripts/probe_nn.py sweeps them)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
     hk = _bhsd_shape(k, layout)[1]
     key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
-           offsets is not None, block_h, block_s, num_warps, heads_per_program, kernel or _DEFAULT_KERNEL)
+           offsets is not None, block_h, block_s, num_warps, heads_per_program, kernel or _DEFAULT_KERNEL,
+           _DEFAULT_TABLE_EVICT if table_evict is None else table_evict, x_evict or "")
     launch = _launchers.get(key)
     if launch is None:
         if len(_launchers) >= _MAX_LAUNCHERS:
@@ -391,7 +405,7 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
 
 
 def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              block_h, block_s, num_warps, heads_per_program, kernel) -> CachedLauncher:
+              block_h, block_s, num_warps, heads_per_program, kernel, table_evict, x_evict) -> CachedLauncher:
     half = rot // 2
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     if kernel == "rows":
@@ -402,6 +416,7 @@ def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, ba
             _rotary_rows_kernel, (triton.cdiv(seq, block_s), batch * (hq + hk)),
             HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, INTERLEAVED=interleaved, BACKWARD=backward,
             HAS_OFFSETS=has_offsets, COPY_PASS=copy_pass, EVEN=seq % block_s == 0 and block_d == dim, ACC=acc,
+            TABLE_EVICT=table_evict, X_EVICT=x_evict,
             num_warps=num_warps or _DEFAULT_NUM_WARPS,
         )
     if kernel != "halves":
@@ -425,7 +440,7 @@ def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, ba
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
         COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc,
-        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, num_warps=num_warps,
+        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, TABLE_EVICT=table_evict, X_EVICT=x_evict, num_warps=num_warps,
     )
 
 
