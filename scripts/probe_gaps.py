@@ -36,30 +36,27 @@ from kernelbench.ops.rmsnorm import rmsnorm_ref
 from kernelbench.ops.rotary import rotary_ref, rotary_tables
 
 EPS = 1e-6
-HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first"}
 
 TABLE_LAST = {"table_evict": "evict_last"}
 ROPE_FWD = [
     {"kernel": "halves"},
-    {"kernel": "halves", **TABLE_LAST},
-    {"kernel": "halves", "x_evict": "evict_first"},
-    {"kernel": "halves", **TABLE_LAST, "x_evict": "evict_first"},
-    *({"kernel": "halves", "block_s": s, "num_warps": w, **TABLE_LAST} for s, w in ((16, 2), (16, 4), (64, 4), (64, 8))),
-    *({"kernel": "rows", "block_s": s, "num_warps": w, **h}
-      for s, w in ((8, 2), (16, 4), (32, 4)) for h in ({}, TABLE_LAST, {**TABLE_LAST, "x_evict": "evict_first"})),
+    *({"kernel": "halves", "block_s": s, "num_warps": w, **TABLE_LAST}
+      for s, w in ((4, 1), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8))),
+    *({"kernel": "halves", "block_h": 2, "block_s": s, "num_warps": w, **TABLE_LAST} for s, w in ((8, 2), (8, 4))),
+    {"kernel": "rows", "block_s": 8, "num_warps": 2, **TABLE_LAST},
 ]
+W_LAST = {"w_evict": "evict_last"}
+HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first", **W_LAST}
 RMS_CONFIGS = {
-    4096: [{}, {"x_evict": "evict_first"}, {"block_m": 2, "num_warps": 8}, {"block_m": 2, "num_warps": 8, "x_evict": "evict_first"},
-           {"block_m": 8, "num_warps": 32}],
-    32768: [{}, {"x_evict": "evict_first"},
-            *({"chunk_n": c, "num_warps": w, "programs_per_sm": 0, **h}
-              for c in (2048, 4096, 8192) for w in (4, 8, 16) for h in ({}, HINTS) if 256 <= c // w <= 1024),
-            *({"chunk_n": 4096, "num_warps": 8, "programs_per_sm": p, **HINTS} for p in (2, 4))],
-    65536: [{}, {"programs_per_sm": 0}, {"programs_per_sm": 0, **HINTS}, {"programs_per_sm": 8, **HINTS},
-            {"chunk_n": 4096, "num_warps": 8, "programs_per_sm": 0, **HINTS},
-            {"chunk_n": 2048, "num_warps": 8, "programs_per_sm": 0, **HINTS}],
+    4096: [{}, W_LAST, {"block_m": 2, "num_warps": 8, **W_LAST}, {"block_m": 4, "num_warps": 8, **W_LAST}],
+    32768: [{}, W_LAST,
+            *({"chunk_n": c, "num_warps": w, "programs_per_sm": 0, **HINTS}
+              for c in (1024, 2048, 4096, 8192) for w in (4, 8, 16) if 128 <= c // w <= 1024),
+            {"chunk_n": 4096, "num_warps": 16, "programs_per_sm": 0, "x_evict": "evict_last", **W_LAST}],
+    65536: [{}, W_LAST, {"programs_per_sm": 0, **HINTS},
+            {"chunk_n": 2048, "num_warps": 8, "programs_per_sm": 0, **HINTS},
+            {"chunk_n": 4096, "num_warps": 16, "programs_per_sm": 0, **HINTS}],
 }
-
 
 def emit(**row) -> None:
     print(json.dumps(row), flush=True)

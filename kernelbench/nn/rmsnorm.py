@@ -132,7 +132,7 @@ def _rmsnorm_fwd_rows(
     M, N, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr, X_EVICT: tl.constexpr, X_REREAD_EVICT: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr, X_EVICT: tl.constexpr, X_REREAD_EVICT: tl.constexpr, W_EVICT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -145,7 +145,7 @@ def _rmsnorm_fwd_rows(
         if HAS_WEIGHT and EARLY_WEIGHT:
             # Issued with x's load, kept in its own dtype until used: its latency hides under x's
             # instead of following the reduction (one row per program leaves nothing else to overlap).
-            w_early = tl.load(w_ptr + cols, mask=cols < N, other=0.0)
+            w_early = tl.load(w_ptr + cols, mask=cols < N, other=0.0, eviction_policy=W_EVICT)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
             h = (x + r.to(ACC)).to(h_ptr.dtype.element_ty)
@@ -158,7 +158,7 @@ def _rmsnorm_fwd_rows(
             if EARLY_WEIGHT:
                 w = w_early.to(ACC)
             else:
-                w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)
+                w = tl.load(w_ptr + cols, mask=cols < N, other=0.0, eviction_policy=W_EVICT).to(ACC)
             y = y * w[None, :]
         tl.store(y_ptr + rows[:, None] * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
@@ -189,7 +189,8 @@ def _rmsnorm_fwd_rows(
                 x = (x + r.to(ACC)).to(h_ptr.dtype.element_ty).to(ACC)
             y = x * rstd[:, None]
             if HAS_WEIGHT:
-                w = tl.load(w_ptr + start + cols, mask=start + cols < N, other=0.0).to(ACC)
+                w = tl.load(w_ptr + start + cols, mask=start + cols < N, other=0.0,
+                            eviction_policy=W_EVICT).to(ACC)
                 y = y * w[None, :]
             tl.store(y_ptr + rows[:, None] * y_stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -213,6 +214,7 @@ def _rmsnorm_fwd_kernel(
     EARLY_WEIGHT: tl.constexpr,  # single pass: load the weight together with x
     X_EVICT: tl.constexpr,  # L2 eviction hint of x's (first) read: "", "evict_first", "evict_last"
     X_REREAD_EVICT: tl.constexpr,  # two passes: the hint of pass 2's read of x
+    W_EVICT: tl.constexpr,  # ... and of the weight's, read by every row
 ):
     pid = tl.program_id(0)
     if PERSISTENT:
@@ -220,13 +222,13 @@ def _rmsnorm_fwd_kernel(
             _rmsnorm_fwd_rows(row_block, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
                               h_ptr, h_stride, rstd_ptr, M, N, eps,
                               BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT,
-                              X_EVICT, X_REREAD_EVICT)
+                              X_EVICT, X_REREAD_EVICT, W_EVICT)
     else:
         # No loop at all (as liger's forward): nothing loop-carried, no trip-count bookkeeping.
         _rmsnorm_fwd_rows(pid, x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride,
                           h_ptr, h_stride, rstd_ptr, M, N, eps,
                           BLOCK_M, BLOCK_N, SINGLE_PASS, HAS_RESIDUAL, HAS_WEIGHT, ACC, EARLY_WEIGHT,
-                          X_EVICT, X_REREAD_EVICT)
+                          X_EVICT, X_REREAD_EVICT, W_EVICT)
 
 
 @triton.jit
@@ -588,11 +590,12 @@ def _remember(plans: dict, key: tuple, plan):
 
 
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None):
+                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None, w_evict=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
     configuration (None: the default); ``programs_per_sm`` makes the grid persistent (0: one row
     block per program, also for two passes), ``chunk_n`` forces two passes over chunks of that
-    width, ``x_evict`` / ``x_reread_evict`` are the L2 eviction hints of x's reads."""
+    width, ``x_evict`` / ``x_reread_evict`` / ``w_evict`` are the L2 eviction hints of x's reads
+    and the weight's."""
     m, n = x2d.shape
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     h = torch.empty_like(y) if residual2d is not None else None
@@ -600,12 +603,12 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     if m == 0:
         return y, h, rstd
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
-           block_m, num_warps, programs_per_sm, early_weight, chunk_n, x_evict, x_reread_evict)
+           block_m, num_warps, programs_per_sm, early_weight, chunk_n, x_evict, x_reread_evict, w_evict)
     launch = _fwd_plans.get(key)
     if launch is None:
         launch = _remember(_fwd_plans, key, _fwd_launcher(m, n, x2d, key[4], key[5], block_m, num_warps,
                                                           programs_per_sm, early_weight, chunk_n, x_evict,
-                                                          x_reread_evict))
+                                                          x_reread_evict, w_evict))
     launch(
         x2d, x2d.stride(0),
         residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
@@ -618,7 +621,7 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
 
 
 def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, programs_per_sm,
-                  early_weight, chunk_n, x_evict, x_reread_evict) -> CachedLauncher:
+                  early_weight, chunk_n, x_evict, x_reread_evict, w_evict) -> CachedLauncher:
     if block_m is None and num_warps is None and chunk_n is None:
         block_m, block_n, single, num_warps = _fwd_config(n)
     else:
@@ -636,7 +639,7 @@ def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, progr
         BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PERSISTENT=persistent,
         HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype),
         EARLY_WEIGHT=bool(single and (early_weight if early_weight is not None else n > _FWD_EARLY_WEIGHT_MIN_N)),
-        X_EVICT=x_evict or "", X_REREAD_EVICT=x_reread_evict or "",
+        X_EVICT=x_evict or "", X_REREAD_EVICT=x_reread_evict or "", W_EVICT=w_evict or "",
         num_warps=num_warps,
     )
 
