@@ -40,23 +40,24 @@ EPS = 1e-6
 TABLE_LAST = {"table_evict": "evict_last"}
 ROPE_FWD = [
     {"kernel": "halves"},
-    *({"kernel": "halves", "block_s": s, "num_warps": w, **TABLE_LAST}
-      for s, w in ((4, 1), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8))),
-    *({"kernel": "halves", "block_h": 2, "block_s": s, "num_warps": w, **TABLE_LAST} for s, w in ((8, 2), (8, 4))),
-    {"kernel": "rows", "block_s": 8, "num_warps": 2, **TABLE_LAST},
+    {"kernel": "halves", "block_h": 2, "block_s": 8, "num_warps": 4},
+    *({"kernel": "halves", "block_h": h, "block_s": s, "num_warps": w, **TABLE_LAST}
+      for h, s, w in ((1, 8, 2), (2, 8, 4), (2, 16, 4), (2, 16, 8), (4, 4, 4), (4, 8, 4), (4, 8, 8), (8, 4, 4),
+                      (8, 4, 8))),
 ]
 W_LAST = {"w_evict": "evict_last"}
 HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first", **W_LAST}
 RMS_CONFIGS = {
-    4096: [{}, W_LAST, {"block_m": 2, "num_warps": 8, **W_LAST}, {"block_m": 4, "num_warps": 8, **W_LAST}],
-    32768: [{}, W_LAST,
-            *({"chunk_n": c, "num_warps": w, "programs_per_sm": 0, **HINTS}
-              for c in (1024, 2048, 4096, 8192) for w in (4, 8, 16) if 128 <= c // w <= 1024),
-            {"chunk_n": 4096, "num_warps": 16, "programs_per_sm": 0, "x_evict": "evict_last", **W_LAST}],
-    65536: [{}, W_LAST, {"programs_per_sm": 0, **HINTS},
-            {"chunk_n": 2048, "num_warps": 8, "programs_per_sm": 0, **HINTS},
-            {"chunk_n": 4096, "num_warps": 16, "programs_per_sm": 0, **HINTS}],
+    4096: [{}, {"block_m": 4, "num_warps": 8, **W_LAST}],
+    32768: [{},
+            *({"chunk_n": c, "num_warps": w, "programs_per_sm": p, **HINTS}
+              for c, w, p in ((4096, 16, 0), (4096, 32, 0), (8192, 32, 0), (4096, 32, 1), (4096, 32, 2),
+                              (8192, 32, 2), (2048, 16, 2), (4096, 16, 2), (4096, 16, 3), (16384, 32, 0)))],
+    65536: [{}, {"programs_per_sm": 0, **HINTS},
+            *({"chunk_n": c, "num_warps": w, "programs_per_sm": p, **HINTS}
+              for c, w, p in ((4096, 16, 0), (4096, 32, 0), (8192, 32, 0), (4096, 32, 2), (4096, 16, 2)))],
 }
+
 
 def emit(**row) -> None:
     print(json.dumps(row), flush=True)
