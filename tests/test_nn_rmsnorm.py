@@ -161,10 +161,13 @@ TUNINGS = [
     ({"programs_per_sm": 1}, {"programs_per_sm": 1, "prefetch": True}),  # persistent: programs loop
     ({"block_m": 1, "programs_per_sm": 2}, {"block_m": 2, "num_warps": 2, "programs_per_sm": 1, "prefetch": True}),
     ({"block_m": 1, "early_weight": True}, {}),  # the weight loaded together with x
+    ({"chunk_n": 64, "num_warps": 2}, {}),  # two-pass forward, a row per program, the default hints
+    ({"chunk_n": 32, "programs_per_sm": 2, "x_evict": "", "x_reread_evict": "", "w_evict": ""}, {}),  # persistent, no hints
 ]
 
 
-@pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS, ids=["rows4-prefetch", "persistent", "mixed", "early-weight"])
+@pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS,
+                         ids=["rows4-prefetch", "persistent", "mixed", "early-weight", "two-pass", "two-pass-persistent"])
 def test_launch_overrides_match_reference(fwd_cfg, bwd_cfg):
     from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
 

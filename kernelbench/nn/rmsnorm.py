@@ -16,8 +16,9 @@ Math, for a row x of length N (statistics in fp32 whatever the input dtype):
 Kernels (block sizes per N are in ``_config`` and ``_fwd_config``):
 - ``_rmsnorm_fwd_kernel``: rows up to 16384 wide sit in registers (several rows per program when
   N is small, so a program moves at least 4096 elements, 16384 for N in (2048, 4096]); wider rows
-  take two passes over 8192-wide chunks, the second reading the row back (mostly from L2) on a
-  persistent grid of 8 programs per SM.
+  take two passes over 8192-wide chunks at 32 warps, one row per program, the second pass reading
+  the row back from L2 (x's first read marked evict_last, its second evict_first, the weight
+  evict_last: at most two such programs fit on an SM, so the rows in flight stay well inside L2).
 - ``_rmsnorm_bwd_kernel``: rows up to 8192 wide: a persistent grid of as many programs per SM as
   can be resident (read from the compiled kernel), loading the next rows while reducing the
   current ones (PREFETCH, on by default); each
@@ -71,8 +72,16 @@ IMPLS = ("auto", "triton", "torch")
 
 # Rows up to this width stay in registers in the forward (16 warps: 32 fp32 values per thread).
 _FWD_SINGLE_PASS_MAX_N = 16384
-# ... and up to this width with 32 warps, one row per program (the default configuration only).
-_FWD_WIDE_SINGLE_PASS_MAX_N = 32768
+# Wider rows: two passes, one row per program at 32 warps, L2 hints (x evict_last then
+# evict_first, the weight evict_last). Measured on an H200 (bf16, M * N = 2^27, forward,
+# scripts/probe_gaps.py, 2026-11-22): N = 32768 0.1365 ms against torch.compile's 0.1327 and
+# 0.1438 for the row kept in registers at 32 warps (session 2's default there: one program per SM,
+# whose loads cannot overlap its reduction and stores); N = 65536 0.1627 against compile's 0.1977
+# and 0.2052 for session 2's persistent grid (8 programs of 16 warps per SM). 16 warps per
+# program (4 rows in flight per SM, ~34 MB of rows waiting in L2 for their second pass) took
+# 0.154-0.160 at 32768, 8 warps 0.18-0.20; persistent grids at 32 warps 0.151-0.184.
+_FWD_TWO_PASS_WARPS = 32
+_FWD_TWO_PASS_HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first", "w_evict": "evict_last"}
 # Single-pass rows wider than this load the weight together with x (EARLY_WEIGHT). Measured on an
 # H200 (bf16, M*N = 2^27, scripts/probe_rms_fwd.py, 2026-11-22): 0.1334 vs 0.1356 ms at N = 8192,
 # 0.1354 vs 0.1372 at 16384, 0.1447 vs 0.1454 at 32768, outputs bitwise equal. Predicted ~0.13 ms
@@ -522,11 +531,8 @@ def _fwd_config(n: int) -> tuple[int, int, bool, int]:
         # liger 0.1318) against 1 row x 8 warps 0.1353 ms: 16384 elements per program keep more
         # bytes in flight per SM. Other widths keep the 4096-element rule (not measured better).
         return _config(n, _FWD_SINGLE_PASS_MAX_N, block_m=16384 // triton.next_power_of_2(n), num_warps=16)
-    if _FWD_SINGLE_PASS_MAX_N < n <= _FWD_WIDE_SINGLE_PASS_MAX_N:
-        # At (4096, 32768) bf16 the two-pass persistent kernel took 0.185 ms against liger's
-        # 0.155 (H200): 8 programs per SM each re-reading a 64 KB row need more than the L2 holds.
-        # One row per program at 32 warps keeps the row in registers (32 fp32 values per thread).
-        return _config(n, _FWD_WIDE_SINGLE_PASS_MAX_N, block_m=1, num_warps=32)
+    if n > _FWD_SINGLE_PASS_MAX_N:  # see _FWD_TWO_PASS_WARPS
+        return _config(n, _FWD_SINGLE_PASS_MAX_N, num_warps=_FWD_TWO_PASS_WARPS)
     return _config(n, _FWD_SINGLE_PASS_MAX_N)
 
 
@@ -593,9 +599,9 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
                  early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None, w_evict=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
     configuration (None: the default); ``programs_per_sm`` makes the grid persistent (0: one row
-    block per program, also for two passes), ``chunk_n`` forces two passes over chunks of that
-    width, ``x_evict`` / ``x_reread_evict`` / ``w_evict`` are the L2 eviction hints of x's reads
-    and the weight's."""
+    block per program, the default), ``chunk_n`` forces two passes over chunks of that width,
+    ``x_evict`` / ``x_reread_evict`` / ``w_evict`` are the L2 eviction hints of x's reads and
+    the weight's ("" none; None the default: _FWD_TWO_PASS_HINTS for two passes, none for one)."""
     m, n = x2d.shape
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     h = torch.empty_like(y) if residual2d is not None else None
@@ -627,19 +633,19 @@ def _fwd_launcher(m, n, x2d, has_residual, has_weight, block_m, num_warps, progr
     else:
         block_m, block_n, single, num_warps = _config(n, _FWD_SINGLE_PASS_MAX_N, block_m, num_warps, chunk_n)
     row_blocks = triton.cdiv(m, block_m)
-    # Single pass: one row block per program, no loop. Two passes: a persistent grid of 8
-    # programs per SM (at most 4 of 16 warps are resident, the rest queue), measured on an H200
-    # at (2048, 65536) bf16 forward+backward: 0.693 ms against 0.705 with 2 per SM.
-    if programs_per_sm is None and not single:
-        programs_per_sm = 8
+    # One row block per program unless programs_per_sm asks for a persistent grid.
     persistent = bool(programs_per_sm)
     grid = min(row_blocks, programs_per_sm * _sm_count(_device_index(x2d))) if persistent else row_blocks
+    if not single:  # the two-pass L2 hints unless given ("" for none)
+        x_evict = _FWD_TWO_PASS_HINTS["x_evict"] if x_evict is None else x_evict
+        x_reread_evict = _FWD_TWO_PASS_HINTS["x_reread_evict"] if x_reread_evict is None else x_reread_evict
+        w_evict = _FWD_TWO_PASS_HINTS["w_evict"] if w_evict is None else w_evict
     return CachedLauncher(
         _rmsnorm_fwd_kernel, (grid,),
         BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PERSISTENT=persistent,
         HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(x2d.dtype),
         EARLY_WEIGHT=bool(single and (early_weight if early_weight is not None else n > _FWD_EARLY_WEIGHT_MIN_N)),
-        X_EVICT=x_evict or "", X_REREAD_EVICT=x_reread_evict or "", W_EVICT=w_evict or "",
+        X_EVICT=x_evict or "", X_REREAD_EVICT=x_reread_evict or "", W_EVICT=w_evict or "",  # None: no hint
         num_warps=num_warps,
     )
 

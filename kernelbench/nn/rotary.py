@@ -43,23 +43,23 @@ LAYOUTS = ("bhsd", "bshd")
 IMPLS = ("auto", "triton", "torch")
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-# Default tile, measured on an H200 (bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128), forward):
-# one head x 32 positions x 128 dims (4096 elements, 8 KB read) at 4 warps, 0.0901 ms, against
-# 0.104 ms for the old default (8 heads x 8 positions, 8 warps) through apply_rotary; 4 heads x 8
-# and 8 x 4 at 4 warps were within 1%, wider tiles at 8-16 warps 5-30% slower. Sharing the
-# cos / sin tile across heads buys nothing measurable (the tiles hit in L2), small programs at
-# 4 warps (16 values per thread) keep the most SMs busy.
-_ELEMENTS_PER_PROGRAM = 4096
-_DEFAULT_BLOCK_H = 1
+# Default tile and cache hint, measured on an H200 (bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128),
+# forward, scripts/probe_gaps.py, 2026-11-22, against torch.compile's 0.0863 ms in the same runs):
+# 2 heads x 8 positions x 128 dims (2048 elements) at 4 warps with the cos / sin loads marked
+# evict_last, 0.0847 ms (twice 0.0847-0.0848), against 0.0900 for session 2's default (1 head x 32
+# positions, no hint). The hint alone gave 0.0895, the tile alone 0.0856: the cos / sin tables
+# (1 MB) are read by every program, and without the hint the streamed q / k push them out of L2.
+# Tiles of 4 x 4 / 2 x 16 (8 warps) were within 1%, 8 x 4 and 1 x 32+ 3-6% slower, a "whole row"
+# kernel (partner element through a second, L1-hitting load, one store; the way torch.compile's
+# code does it) 13-15% slower. Odd head counts take one head per program (no masked tiles).
+_ELEMENTS_PER_PROGRAM = 2048
+_DEFAULT_BLOCK_H = 2
 _DEFAULT_NUM_WARPS = 4
 # Head blocks per program (each loads its cos / sin tile once for all of them): 1 = a program per
 # head block, the layout the figures above were measured with.
 _DEFAULT_HEAD_BLOCKS_PER_PROGRAM = 1
-# Which kernel: "rows" (_rotary_rows_kernel, whole head vectors) or "halves" (_rotary_kernel).
-_DEFAULT_KERNEL = "halves"
-_ROW_ELEMENTS_PER_PROGRAM = 4096
-# L2 eviction hint of the cos / sin loads ("" none, "evict_last", "evict_first").
-_DEFAULT_TABLE_EVICT = ""
+# L2 eviction hint of the cos / sin loads ("" none, "evict_last").
+_DEFAULT_TABLE_EVICT = "evict_last"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,7 +123,6 @@ def _rotate_heads(
     INTERLEAVED: tl.constexpr,
     COPY_PASS: tl.constexpr,  # copy dims rotary_dim..D to the output (out of place only)
     ACC: tl.constexpr,
-    X_EVICT: tl.constexpr,
 ):
     heads = h0 + tl.arange(0, BLOCK_H)
     j = tl.arange(0, BLOCK_HALF)
@@ -139,11 +138,11 @@ def _rotate_heads(
     x_row = x_ptr + b * x_sb + heads[:, None, None] * x_sh + s64[None, :, None] * x_ss
     o_row = o_ptr + b * o_sb + heads[:, None, None] * o_sh + s64[None, :, None] * o_ss
     if EVEN:
-        x1 = tl.load(x_row + d1[None, None, :] * x_sd, eviction_policy=X_EVICT).to(ACC)
-        x2 = tl.load(x_row + d2[None, None, :] * x_sd, eviction_policy=X_EVICT).to(ACC)
+        x1 = tl.load(x_row + d1[None, None, :] * x_sd).to(ACC)
+        x2 = tl.load(x_row + d2[None, None, :] * x_sd).to(ACC)
     else:
-        x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0, eviction_policy=X_EVICT).to(ACC)
-        x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0, eviction_policy=X_EVICT).to(ACC)
+        x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
+        x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
     out1 = (x1 * c1 - x2 * s1).to(o_ptr.dtype.element_ty)
     out2 = (x2 * c2 + x1 * s2).to(o_ptr.dtype.element_ty)
     if EVEN:
@@ -182,8 +181,7 @@ def _rotary_kernel(
     EVEN: tl.constexpr,  # BLOCK_H divides Hq and Hk, BLOCK_S divides S, BLOCK_HALF == HALF
     ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
     HEAD_BLOCKS_PER_PROGRAM: tl.constexpr,  # head blocks a program loops over with one cos / sin tile
-    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads
-    X_EVICT: tl.constexpr,  # ... and of q / k's
+    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads ("" none, "evict_last")
 ):
     s_block = tl.program_id(0)
     bh = tl.program_id(1)
@@ -234,121 +232,11 @@ def _rotary_kernel(
         if hb < q_blocks:
             _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
                           b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC, X_EVICT)
+                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
         elif hb < head_blocks:
             _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
                           b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC, X_EVICT)
-
-
-@triton.jit
-def _rotate_rows(
-    x_ptr, x_ss, x_sd,  # one head of the input: rows s at x_ptr + s * x_ss
-    o_ptr, o_ss, o_sd,
-    s_idx, d, partner, sign, rotated, c, sn, S, D,
-    EVEN: tl.constexpr, FULL_ROT: tl.constexpr, COPY_PASS: tl.constexpr, ACC: tl.constexpr,
-    X_EVICT: tl.constexpr,
-):
-    s64 = s_idx.to(tl.int64)[:, None]
-    x_rows = x_ptr + s64 * x_ss
-    o_rows = o_ptr + s64 * o_ss
-    if EVEN:
-        x = tl.load(x_rows + d[None, :] * x_sd, eviction_policy=X_EVICT)
-        xp = tl.load(x_rows + partner[None, :] * x_sd).to(ACC)
-    else:
-        mask = (s_idx < S)[:, None] & (d < D)[None, :]
-        x = tl.load(x_rows + d[None, :] * x_sd, mask=mask, other=0.0, eviction_policy=X_EVICT)
-        xp = tl.load(x_rows + partner[None, :] * x_sd, mask=mask, other=0.0).to(ACC)
-    out = (x.to(ACC) * c + sign[None, :] * xp * sn).to(o_ptr.dtype.element_ty)
-    if not FULL_ROT:
-        out = tl.where(rotated[None, :], out, x)  # pass-through dims bit for bit
-    if COPY_PASS or FULL_ROT:
-        if EVEN:
-            tl.store(o_rows + d[None, :] * o_sd, out)
-        else:
-            tl.store(o_rows + d[None, :] * o_sd, out, mask=mask)
-    else:  # in place: leave the pass-through dims alone
-        tl.store(o_rows + d[None, :] * o_sd, out, mask=(s_idx < S)[:, None] & rotated[None, :])
-
-
-@triton.jit
-def _rotary_rows_kernel(
-    q_ptr, q_sb, q_sh, q_ss, q_sd,  # q as (B, Hq, S, D), any strides
-    k_ptr, k_sb, k_sh, k_ss, k_sd,  # k as (B, Hk, S, D)
-    qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,  # rotated q (may alias q: in place)
-    ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,  # rotated k
-    cos_ptr, cos_stride,  # (positions, rotary_dim), unit column stride
-    sin_ptr, sin_stride,
-    offsets_ptr,  # (B,) int: per-batch position offsets (HAS_OFFSETS)
-    position_offset,  # int: the offset when there are no per-batch offsets
-    Hq, Hk, S, D,
-    HALF: tl.constexpr,  # rotary_dim / 2
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,  # the padded head dimension
-    INTERLEAVED: tl.constexpr,
-    BACKWARD: tl.constexpr,  # rotate by the transposed matrix (gradients)
-    HAS_OFFSETS: tl.constexpr,
-    COPY_PASS: tl.constexpr,  # write dims rotary_dim..D too (out of place); in place leaves them
-    EVEN: tl.constexpr,  # BLOCK_S divides S and BLOCK_D == D: loads and stores unmasked
-    ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
-    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads
-    X_EVICT: tl.constexpr,  # ... and of q / k's
-):
-    """Whole head vectors: one program rotates BLOCK_S positions of one head, full rows in and
-    one contiguous store out. Element d takes its partner p(d) (d +- rotary_dim/2, or d ^ 1
-    interleaved) through a second load of the same rows, which hits in L1:
-
-        forward   out[d] = x[d] * cos[d] + sign(d) * x[p(d)] * sin[d]
-        backward  dx[d]  = dy[d] * cos[d] - sign(d) * dy[p(d)] * sin[p(d)]
-
-    sign(d) = -1 for the first element of each pair, +1 for the second (the module docstring's
-    formulas, per element). Dims from rotary_dim on pass through."""
-    FULL_ROT: tl.constexpr = 2 * HALF == BLOCK_D
-    s_block = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // (Hq + Hk)
-    h = bh % (Hq + Hk)
-
-    s_idx = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
-    if HAS_OFFSETS:
-        pos = s_idx + tl.load(offsets_ptr + b)
-    else:
-        pos = s_idx + position_offset
-    pos = pos.to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    rotated = d < 2 * HALF
-    if INTERLEAVED:
-        partner = d ^ 1
-        first = d % 2 == 0
-    else:
-        first = d < HALF
-        partner = tl.where(first, d + HALF, d - HALF)
-    partner = tl.where(rotated, partner, d)  # pass-through dims read themselves: no extra traffic
-    sign = tl.where(first, -1.0, 1.0).to(ACC)
-    if BACKWARD:
-        sign = -sign
-        sin_col = partner
-    else:
-        sin_col = d
-    c_ptrs = cos_ptr + pos[:, None] * cos_stride + d[None, :]
-    s_ptrs = sin_ptr + pos[:, None] * sin_stride + sin_col[None, :]
-    if EVEN and FULL_ROT:
-        c = tl.load(c_ptrs, eviction_policy=TABLE_EVICT).to(ACC)
-        sn = tl.load(s_ptrs, eviction_policy=TABLE_EVICT).to(ACC)
-    else:
-        t_mask = (s_idx < S)[:, None] & rotated[None, :]
-        c = tl.load(c_ptrs, mask=t_mask, other=0.0, eviction_policy=TABLE_EVICT).to(ACC)
-        sn = tl.load(s_ptrs, mask=t_mask, other=0.0, eviction_policy=TABLE_EVICT).to(ACC)
-
-    b = b.to(tl.int64)
-    if h < Hq:
-        hq = h.to(tl.int64)
-        _rotate_rows(q_ptr + b * q_sb + hq * q_sh, q_ss, q_sd, qo_ptr + b * qo_sb + hq * qo_sh, qo_ss, qo_sd,
-                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC, X_EVICT)
-    else:
-        hk = (h - Hq).to(tl.int64)
-        _rotate_rows(k_ptr + b * k_sb + hk * k_sh, k_ss, k_sd, ko_ptr + b * ko_sb + hk * ko_sh, ko_ss, ko_sd,
-                     s_idx, d, partner, sign, rotated, c, sn, S, D, EVEN, FULL_ROT, COPY_PASS, ACC, X_EVICT)
+                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -380,16 +268,16 @@ _launchers: dict[tuple, CachedLauncher] = {}
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None, kernel=None,
-            table_evict=None, x_evict=None):
+            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None,
+            table_evict=None):
     """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s,
     num_warps and heads_per_program (head blocks one program loops over, reusing its cos / sin
     tile) override the defaults (scripts/probe_nn.py sweeps them)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
     hk = _bhsd_shape(k, layout)[1]
     key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
-           offsets is not None, block_h, block_s, num_warps, heads_per_program, kernel or _DEFAULT_KERNEL,
-           _DEFAULT_TABLE_EVICT if table_evict is None else table_evict, x_evict or "")
+           offsets is not None, block_h, block_s, num_warps, heads_per_program,
+           _DEFAULT_TABLE_EVICT if table_evict is None else table_evict)
     launch = _launchers.get(key)
     if launch is None:
         if len(_launchers) >= _MAX_LAUNCHERS:
@@ -405,25 +293,12 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
 
 
 def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              block_h, block_s, num_warps, heads_per_program, kernel, table_evict, x_evict) -> CachedLauncher:
+              block_h, block_s, num_warps, heads_per_program, table_evict) -> CachedLauncher:
     half = rot // 2
     acc = tl.float64 if dtype == torch.float64 else tl.float32
-    if kernel == "rows":
-        block_d = triton.next_power_of_2(dim)
-        if block_s is None:
-            block_s = max(1, min(triton.next_power_of_2(seq), _ROW_ELEMENTS_PER_PROGRAM // block_d))
-        return CachedLauncher(
-            _rotary_rows_kernel, (triton.cdiv(seq, block_s), batch * (hq + hk)),
-            HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, INTERLEAVED=interleaved, BACKWARD=backward,
-            HAS_OFFSETS=has_offsets, COPY_PASS=copy_pass, EVEN=seq % block_s == 0 and block_d == dim, ACC=acc,
-            TABLE_EVICT=table_evict, X_EVICT=x_evict,
-            num_warps=num_warps or _DEFAULT_NUM_WARPS,
-        )
-    if kernel != "halves":
-        raise ValueError(f"rotary: kernel must be 'rows' or 'halves', got {kernel!r}")
     block_half = triton.next_power_of_2(half)
     if block_h is None:
-        block_h = _DEFAULT_BLOCK_H
+        block_h = _DEFAULT_BLOCK_H if hq % _DEFAULT_BLOCK_H == 0 and hk % _DEFAULT_BLOCK_H == 0 else 1
     if block_s is None:
         block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
     if num_warps is None:
@@ -440,7 +315,7 @@ def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, ba
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
         COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc,
-        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, TABLE_EVICT=table_evict, X_EVICT=x_evict, num_warps=num_warps,
+        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, TABLE_EVICT=table_evict, num_warps=num_warps,
     )
 
 
