@@ -5,17 +5,19 @@
                       tables (evict_last), against session 2's default (1 x 32, no hint). (A
                       "whole row" kernel, measured here 2026-11-22 and 13-15% slower, was removed.)
   rms-4096            RMSNorm bf16 (32768, 4096) forward: L2 eviction hints on x's read
-  rms-32768 / 65536   RMSNorm bf16 forward, M = 2^27 / N: the single-pass row-in-registers kernel
-                      (32 warps, one program per SM) against two passes (sum of squares, then x
-                      read back from L2) with one row per program instead of a persistent grid,
-                      chunk widths, warps and eviction hints (pass 1 evict_last, pass 2 evict_first)
+  rms-N               RMSNorm bf16 forward, M = 2^27 / N (N = 4096 .. 65536): rows in registers
+                      (several per program at small N) against two passes (sum of squares, then x
+                      read back from L2), one row per program or a persistent grid, chunk widths,
+                      warps and eviction hints (pass 1 evict_last, pass 2 evict_first)
+  rms-fb-N            forward+backward at N = 32768 and 65536: the two-pass backward's hints,
+                      warps, grid, dw accumulated in the dx kernel (dw_in_dx)
 
 One JSON line per row: triton do_bench median (L2 flushed), % of the copy rate measured here, the
 ratio to the best anchor of the case (below 1 is faster), and for our rows the largest difference
 from the case's default output (0.0: bit for bit). With --dump-inductor, torch.compile's generated
 code for the anchors is logged (TORCH_LOGS=output_code) to stderr, to see what it does.
 
-    python scripts/probe_gaps.py [--dump-inductor] [--cases rope,rms]    # ~3 min on an H200
+    python scripts/probe_gaps.py [--dump-inductor] [--cases rope,rms,rms-bwd]    # ~3 min on an H200
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from kernelbench.harness.ceilings import measure_ceilings
-from kernelbench.nn.rmsnorm import _rmsnorm_fwd
+from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
 from kernelbench.nn.rotary import _launch
 from kernelbench.ops.rmsnorm import rmsnorm_ref
 from kernelbench.ops.rotary import rotary_ref, rotary_tables
@@ -47,16 +49,21 @@ ROPE_FWD = [
 ]
 W_LAST = {"w_evict": "evict_last"}
 HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first", **W_LAST}
+TWO_PASS = {"programs_per_sm": 0}  # one row per program; the default hints of two passes
 RMS_CONFIGS = {
-    4096: [{}, {"block_m": 4, "num_warps": 8, **W_LAST}],
-    32768: [{},
-            *({"chunk_n": c, "num_warps": w, "programs_per_sm": p, **HINTS}
-              for c, w, p in ((4096, 16, 0), (4096, 32, 0), (8192, 32, 0), (4096, 32, 1), (4096, 32, 2),
-                              (8192, 32, 2), (2048, 16, 2), (4096, 16, 2), (4096, 16, 3), (16384, 32, 0)))],
-    65536: [{}, {"programs_per_sm": 0, **HINTS},
-            *({"chunk_n": c, "num_warps": w, "programs_per_sm": p, **HINTS}
-              for c, w, p in ((4096, 16, 0), (4096, 32, 0), (8192, 32, 0), (4096, 32, 2), (4096, 16, 2)))],
+    4096: [{}, {"block_m": 4, "num_warps": 8, **W_LAST}, {"block_m": 4, "num_warps": 8}, {"block_m": 8, "num_warps": 16},
+           {"block_m": 2, "num_warps": 4},
+           *({"chunk_n": c, "num_warps": w, **TWO_PASS} for c, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)))],
+    8192: [{}, {"num_warps": 8}, {"num_warps": 32}, {"block_m": 2, "num_warps": 16},
+           *({"chunk_n": c, "num_warps": w, **TWO_PASS} for c, w in ((2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16), (8192, 32)))],
+    32768: [{}, {"chunk_n": 8192, "num_warps": 32, "x_evict": "", "x_reread_evict": "", "w_evict": ""}],
+    65536: [{}],
 }
+# Backward configs after the default forward (N > 16384: the two-pass dx kernel, then dw).
+RMS_BWD_CONFIGS = [
+    {}, HINTS, {**HINTS, "num_warps": 32}, {**HINTS, "num_warps": 32, "programs_per_sm": 1},
+    {**HINTS, "programs_per_sm": 1}, {**HINTS, "dw_in_dx": True}, {**HINTS, "dw_in_dx": True, "num_warps": 32, "programs_per_sm": 1},
+]
 
 
 def emit(**row) -> None:
@@ -164,10 +171,46 @@ def rms_case(n: int, copy: float) -> None:
     report(f"rms-{n} fwd {m}x{n}", 2 * x.numel() * 2, copy, times, kinds, diffs)
 
 
+def rms_bwd_case(n: int, copy: float) -> None:
+    """Forward+backward: the default forward, then the backward configs; torch.compile's autograd
+    graph as the anchor (its figure can be host-bound: the harness's is the one to quote)."""
+    m = 2**27 // n
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    x = torch.randn(m, n, generator=gen, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).bfloat16()
+    dy = torch.randn(m, n, generator=gen, device="cuda").bfloat16()
+    compiled = torch.compile(rmsnorm_ref, dynamic=False)
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+
+    def compile_fb():
+        xg.grad = wg.grad = None
+        compiled(xg, wg, EPS).backward(dy)
+
+    times, kinds, diffs = {"torch.compile": bench(compile_fb)}, {"torch.compile": "anchor"}, {}
+    with torch.no_grad():
+        _, _, rstd = _rmsnorm_fwd(x, w, None, EPS)
+        base = _rmsnorm_bwd(x, w, rstd, dy, None)
+        for cfg in RMS_BWD_CONFIGS:
+            name = label(cfg)
+            try:
+                got = _rmsnorm_bwd(x, w, rstd, dy, None, **cfg)
+            except Exception as exc:  # noqa: BLE001
+                emit(case=f"rms-fb-{n}", row=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            diffs[name] = max(float((g.float() - b.float()).abs().max()) for g, b in zip(got, base))
+
+            def run(cfg=cfg):
+                _, _, r = _rmsnorm_fwd(x, w, None, EPS)
+                _rmsnorm_bwd(x, w, r, dy, None, **cfg)
+
+            times[name], kinds[name] = bench(run), "ours"
+    report(f"rms-fb-{n} {m}x{n}", 5 * x.numel() * 2, copy, times, kinds, diffs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dump-inductor", action="store_true")
-    parser.add_argument("--cases", default="rope,rms")
+    parser.add_argument("--cases", default="rope,rms,rms-bwd")
     args = parser.parse_args()
     if args.dump_inductor:
         torch._logging.set_logs(output_code=True)
@@ -179,6 +222,9 @@ def main() -> None:
     if "rms" in cases:
         for n in RMS_CONFIGS:
             rms_case(n, copy)
+    if "rms-bwd" in cases:
+        for n in (32768, 65536):
+            rms_bwd_case(n, copy)
 
 
 if __name__ == "__main__":

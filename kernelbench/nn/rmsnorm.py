@@ -260,6 +260,9 @@ def _rmsnorm_bwd_kernel(
     HAS_DRES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
+    X_EVICT: tl.constexpr,  # two passes: L2 eviction hint of pass 1's reads of x and dy
+    X_REREAD_EVICT: tl.constexpr,  # ... of pass 2's
+    W_EVICT: tl.constexpr,  # ... of the weight's
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -324,10 +327,12 @@ def _rmsnorm_bwd_kernel(
             acc = tl.zeros([BLOCK_N], dtype=ACC)
             for start in range(0, N, BLOCK_N):
                 mask = start + cols < N
-                x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
-                dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0,
+                            eviction_policy=X_EVICT).to(ACC)
+                dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0,
+                             eviction_policy=X_EVICT).to(ACC)
                 if HAS_WEIGHT:
-                    dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
+                    dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0, eviction_policy=W_EVICT).to(ACC)
                 acc += dy * x
             coef = tl.sum(acc, axis=0) * rstd * rstd * rstd / N
             for i in range(num_chunks):
@@ -336,8 +341,10 @@ def _rmsnorm_bwd_kernel(
                 else:
                     start = i * BLOCK_N
                 mask = start + cols < N
-                x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0).to(ACC)
-                dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0).to(ACC)
+                x = tl.load(x_ptr + row64 * x_stride + start + cols, mask=mask, other=0.0,
+                            eviction_policy=X_REREAD_EVICT).to(ACC)
+                dy = tl.load(dy_ptr + row64 * dy_stride + start + cols, mask=mask, other=0.0,
+                             eviction_policy=X_REREAD_EVICT).to(ACC)
                 if DW_IN_DX:
                     partial_ptrs = dw_partial_ptr + pid * N + start + cols
                     # The program's first row (row == pid) writes its partial row instead of
@@ -345,7 +352,7 @@ def _rmsnorm_bwd_kernel(
                     dw = tl.load(partial_ptrs, mask=start + cols < tl.where(row == pid, 0, N), other=0.0)
                     tl.store(partial_ptrs, dw + dy * (x * rstd), mask=mask)
                 if HAS_WEIGHT:
-                    dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(ACC)
+                    dy = dy * tl.load(w_ptr + start + cols, mask=mask, other=0.0, eviction_policy=W_EVICT).to(ACC)
                 dx = rstd * dy - x * coef
                 if HAS_DRES:
                     dres = tl.load(dres_ptr + row64 * dres_stride + start + cols, mask=mask, other=0.0)
@@ -659,7 +666,8 @@ class _BwdPlan(NamedTuple):
 
 
 def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 prefetch=None, wide_splits=None, stages=None, chunk_n=None, dw_in_dx=None, reverse_pass2=None):
+                 prefetch=None, wide_splits=None, stages=None, chunk_n=None, dw_in_dx=None, reverse_pass2=None,
+                 x_evict=None, x_reread_evict=None, w_evict=None):
     """dx and dw (None without a weight). The keyword arguments override the launch
     configuration (None: the default for this N):
 
@@ -677,6 +685,8 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
       per program instead of running ``_rmsnorm_dw_kernel``: x and dy come from HBM once, not
       twice), ``reverse_pass2`` (pass 2 visits the chunks last to first). None: from
       ``_BWD_TWO_PASS_CONFIG`` for the padded N when ``dw_in_dx`` is None, else off / ``_CHUNK_N``.
+      ``x_evict`` / ``x_reread_evict`` / ``w_evict``: L2 eviction hints of pass 1's reads of x and
+      dy, of pass 2's, and of the weight's (None or "": no hint).
     - ``block_m`` (row kernels), ``num_warps``, ``programs_per_sm`` (persistent grid size)."""
     m, n = x2d.shape
     dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
@@ -684,7 +694,8 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
     if m == 0:
         return dx, (torch.zeros_like(weight) if has_weight else None)
     key = (m, n, x2d.dtype, x2d.get_device(), has_weight, dres2d is not None, block_m, num_warps,
-           programs_per_sm, prefetch, wide_splits, stages, chunk_n, dw_in_dx, reverse_pass2)
+           programs_per_sm, prefetch, wide_splits, stages, chunk_n, dw_in_dx, reverse_pass2,
+           x_evict, x_reread_evict, w_evict)
     plan = _bwd_plans.get(key)
     args = [
         x2d, x2d.stride(0),
@@ -713,7 +724,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
 
 
 def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, prefetch, wide_splits,
-              stages, chunk_n, dw_in_dx, reverse_pass2) -> _BwdPlan:
+              stages, chunk_n, dw_in_dx, reverse_pass2, x_evict, x_reread_evict, w_evict) -> _BwdPlan:
     x2d = args[0]
     m, n = x2d.shape
     sms = _sm_count(_device_index(x2d))
@@ -755,6 +766,7 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
             BLOCK_M=block_m, BLOCK_N=block_n, SINGLE_PASS=single, PREFETCH=single and (prefetch is None or bool(prefetch)),
             DW_IN_DX=bool(dw_in_dx) and has_weight, REVERSE_PASS2=bool(reverse_pass2),
             HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc, num_warps=num_warps,
+            X_EVICT=x_evict or "", X_REREAD_EVICT=x_reread_evict or "", W_EVICT=w_evict or "",
         )
     # Persistent, each program looping over rows. Single pass (and wide): as many programs per SM
     # as can be resident at once (from the compiled kernel's registers and shared memory); more
