@@ -65,6 +65,7 @@ SHAPES = [
     ((1, 760), torch.float32),  # M = 1, N not a power of two
     ((5, 123, 123), torch.bfloat16),  # odd everything, 3-D
     ((37, 64), torch.float16),  # several rows per program, a partial last block
+    ((3, 2500), torch.bfloat16),  # two-pass forward (2048-wide chunks, the second partial)
     ((3, 9000), torch.bfloat16),  # the wide backward, the default for 8192 < N <= 16384
     ((2, 17000), torch.float32),  # two-pass forward and backward (N > 16384), the dw column kernel
 ]

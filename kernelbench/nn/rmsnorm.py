@@ -15,10 +15,10 @@ Math, for a row x of length N (statistics in fp32 whatever the input dtype):
 
 Kernels (block sizes per N are in ``_config`` and ``_fwd_config``):
 - ``_rmsnorm_fwd_kernel``: rows up to 16384 wide sit in registers (several rows per program when
-  N is small, so a program moves at least 4096 elements, 16384 for N in (2048, 4096]); wider rows
-  take two passes over 8192-wide chunks at 32 warps, one row per program, the second pass reading
-  the row back from L2 (x's first read marked evict_last, its second evict_first, the weight
-  evict_last: at most two such programs fit on an SM, so the rows in flight stay well inside L2).
+  N is small, so a program moves at least 4096 elements) up to N = 2048 and at 16384; at the other
+  widths (``_FWD_TWO_PASS_CONFIG``) it takes two passes, one row per program: the sum of squares
+  chunk by chunk, then the row read back from L2 (x's first read marked evict_last, its second
+  evict_first, the weight evict_last) and y written.
 - ``_rmsnorm_bwd_kernel``: rows up to 8192 wide: a persistent grid of as many programs per SM as
   can be resident (read from the compiled kernel), loading the next rows while reducing the
   current ones (PREFETCH, on by default); each
@@ -32,7 +32,7 @@ Kernels (block sizes per N are in ``_config`` and ``_fwd_config``):
   generated backward moves at every N. With ``dw_in_dx`` pass 2 instead adds dy * x_hat to the
   program's own fp32 row of length N in a (programs, N) partial buffer (load, add, store: an L2
   read-modify-write, no atomics), which ``_sum_rows_kernel`` reduces: x and dy are read from
-  HBM once. Not the default until measured (``_BWD_TWO_PASS_CONFIG``).
+  HBM once; measured slower, so not the default (``_BWD_TWO_PASS_CONFIG``).
 - ``_rmsnorm_bwd_wide_kernel`` (the default for 8192 < N <= 16384, ``_BWD_WIDE_MAX_N``; any N
   with ``wide_splits``): each program owns a column block of N / splits columns, keeps x,
   g = dy * w and its dw accumulator for that block in registers while it visits rows p, p + P,
@@ -70,17 +70,23 @@ MAX_N = 65536
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 IMPLS = ("auto", "triton", "torch")
 
-# Rows up to this width stay in registers in the forward (16 warps: 32 fp32 values per thread).
+# Rows up to this width can stay in registers in the forward (16 warps: 32 fp32 values per thread).
 _FWD_SINGLE_PASS_MAX_N = 16384
-# Wider rows: two passes, one row per program at 32 warps, L2 hints (x evict_last then
-# evict_first, the weight evict_last). Measured on an H200 (bf16, M * N = 2^27, forward,
-# scripts/probe_gaps.py, 2026-11-22): N = 32768 0.1365 ms against torch.compile's 0.1327 and
-# 0.1438 for the row kept in registers at 32 warps (session 2's default there: one program per SM,
-# whose loads cannot overlap its reduction and stores); N = 65536 0.1627 against compile's 0.1977
-# and 0.2052 for session 2's persistent grid (8 programs of 16 warps per SM). 16 warps per
-# program (4 rows in flight per SM, ~34 MB of rows waiting in L2 for their second pass) took
-# 0.154-0.160 at 32768, 8 warps 0.18-0.20; persistent grids at 32 warps 0.151-0.184.
-_FWD_TWO_PASS_WARPS = 32
+# The forward's two passes (sum of squares, then x read back from L2 and y written), one row per
+# program, by padded N: (chunk width, num_warps), 8 bf16 values per thread per chunk. Measured on
+# an H200 (bf16, M * N = 2^27, forward, scripts/probe_gaps.py, 2026-11-22; torch.compile in the
+# same runs), against the rows kept in registers:
+#   N =  4096  (2048, 8)   0.1298 ms (98.0% of copy)  vs 0.1343 for 4 rows x 16 warps (liger 0.1339)
+#   N =  8192  (4096, 16)  0.1316                     vs 0.1335 for 1 row x 16 warps (compile 0.1299)
+#   N = 32768  (8192, 32)  0.1365-0.1377              vs 0.1438 for 1 row x 32 warps (compile 0.1327-0.1338)
+#   N = 65536  (8192, 32)  0.1625-0.1631              vs 0.2052 for a persistent grid of 8 x 16 warps
+#                                                        per SM (session 2's default; compile 0.1977)
+# Chunks of 16 values per thread, or one chunk per row, were 5-30% slower; at 32768, 16 warps
+# (4 rows per SM waiting in L2 for their second pass, ~34 MB) 0.154-0.160, persistent grids
+# 0.151-0.184. Other widths (N <= 2048 and 16384) keep the rows in registers (not measured slower).
+_FWD_TWO_PASS_CONFIG = {4096: (2048, 8), 8192: (4096, 16), 32768: (8192, 32), 65536: (8192, 32)}
+# L2 hints of the two passes: x's first read evict_last (it is read again), the second
+# evict_first, the weight (read by every row) evict_last. Without them, N = 32768: 0.1411 ms.
 _FWD_TWO_PASS_HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first", "w_evict": "evict_last"}
 # Single-pass rows wider than this load the weight together with x (EARLY_WEIGHT). Measured on an
 # H200 (bf16, M*N = 2^27, scripts/probe_rms_fwd.py, 2026-11-22): 0.1334 vs 0.1356 ms at N = 8192,
@@ -105,10 +111,16 @@ _BWD_WIDE_MAX_N = 16384
 # Neither software pipelining (stages=2) nor prefetching the next row measured faster.
 _BWD_WIDE_CONFIG = {16384: (1, 32, 1)}
 # The two-pass backward's default keyword arguments of _rmsnorm_bwd per padded row width (N above
-# _BWD_WIDE_MAX_N), e.g. {32768: dict(dw_in_dx=True, programs_per_sm=1, num_warps=16)}: empty
-# until scripts/probe_nn.py's "wide" case measures a variant beating the default (dx kernel with
-# 2 programs per SM, then _rmsnorm_dw_kernel).
-_BWD_TWO_PASS_CONFIG: dict[int, dict] = {}
+# _BWD_WIDE_MAX_N). Measured on an H200 (bf16, M * N = 2^27, default forward + backward,
+# scripts/probe_gaps.py, 2026-11-22): L2 hints (pass 1's reads of x and dy evict_last, pass 2's
+# evict_first, the weight evict_last) at 32 warps, 2 programs per SM, then the dw column kernel:
+# N = 32768 0.5541 ms against 0.5583 without (compile 0.5099 in that run), N = 65536 0.5902
+# against 0.6456 (compile 0.6614). dw_in_dx was 5-30% slower at both.
+_BWD_TWO_PASS_HINTS = {"x_evict": "evict_last", "x_reread_evict": "evict_first", "w_evict": "evict_last"}
+_BWD_TWO_PASS_CONFIG: dict[int, dict] = {
+    32768: dict(num_warps=32, **_BWD_TWO_PASS_HINTS),
+    65536: dict(num_warps=32, **_BWD_TWO_PASS_HINTS),
+}
 # Chunk width of the two-pass kernels: 16 fp32 values per thread at 16 warps, no spills.
 _CHUNK_N = 8192
 # Small N: pack rows so a program moves >= 4096 elements (8 KB of bf16); fewer, fatter programs
@@ -533,13 +545,10 @@ def _config(n: int, single_pass_max_n: int, block_m: int | None = None,
 @functools.lru_cache(maxsize=None)
 def _fwd_config(n: int) -> tuple[int, int, bool, int]:
     """The forward's default (BLOCK_M, BLOCK_N, SINGLE_PASS, num_warps) for rows of width n."""
-    if 2048 < n <= 4096:
-        # Measured on an H200 at (32768, 4096) bf16: 4 rows x 16 warps 0.1327 ms (97.8% of copy,
-        # liger 0.1318) against 1 row x 8 warps 0.1353 ms: 16384 elements per program keep more
-        # bytes in flight per SM. Other widths keep the 4096-element rule (not measured better).
-        return _config(n, _FWD_SINGLE_PASS_MAX_N, block_m=16384 // triton.next_power_of_2(n), num_warps=16)
-    if n > _FWD_SINGLE_PASS_MAX_N:  # see _FWD_TWO_PASS_WARPS
-        return _config(n, _FWD_SINGLE_PASS_MAX_N, num_warps=_FWD_TWO_PASS_WARPS)
+    two_pass = _FWD_TWO_PASS_CONFIG.get(triton.next_power_of_2(n))
+    if two_pass is not None:
+        chunk_n, num_warps = two_pass
+        return _config(n, _FWD_SINGLE_PASS_MAX_N, num_warps=num_warps, chunk_n=chunk_n)
     return _config(n, _FWD_SINGLE_PASS_MAX_N)
 
 
@@ -758,6 +767,9 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
             reverse_pass2 = reverse_pass2 if reverse_pass2 is not None else defaults.get("reverse_pass2")
             num_warps = num_warps or defaults.get("num_warps")
             programs_per_sm = programs_per_sm or defaults.get("programs_per_sm")
+            x_evict = defaults.get("x_evict") if x_evict is None else x_evict
+            x_reread_evict = defaults.get("x_reread_evict") if x_reread_evict is None else x_reread_evict
+            w_evict = defaults.get("w_evict") if w_evict is None else w_evict
         block_m, block_n, single, num_warps = _config(n, _BWD_SINGLE_PASS_MAX_N, block_m, num_warps, chunk_n)
         if single and (dw_in_dx or reverse_pass2):
             raise ValueError(f"rmsnorm: dw_in_dx and reverse_pass2 apply to the two-pass kernel (N > "
