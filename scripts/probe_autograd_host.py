@@ -6,14 +6,18 @@ back-to-back calls, enqueue only) and do_bench's median, for
   python-fn    a trivial torch.autograd.Function (clone forward, clone backward)
   ours         kernelbench rms_norm(impl="triton") / apply_rotary(impl="triton")
   compile      torch.compile of the PyTorch reference
-then torch.profiler's top host entries for `ours` (RMSNorm). ~20 s.
+then torch.profiler's top host entries for `ours` (RMSNorm), and cProfile's top Python functions
+for `ours` (RMSNorm and rotary). ~30 s.
 
     python scripts/probe_autograd_host.py
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
+import pstats
 import time
 
 import torch
@@ -93,6 +97,22 @@ def main() -> None:
             run()
     torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
+
+    # Python's own view of the same host time (which of our functions, which of Triton's):
+    # cProfile over 200 calls of each, the top entries by time spent in the function itself.
+    for name, run in (("rmsnorm", fwd_bwd(rms["ours"], (x, w), (dy,))), ("rotary", fwd_bwd(rope["ours"], (q, k), (dq, dk)))):
+        run()
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(200):
+            run()
+        profiler.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(22)
+        print(f"--- cProfile, {name} fwd+bwd through autograd, 200 calls", flush=True)
+        print(out.getvalue(), flush=True)
 
 
 if __name__ == "__main__":
