@@ -111,7 +111,11 @@ def time_cuda(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
 def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config: TimingConfig) -> Sample:
     """Replays a graph of one call (plus the L2 flush, captured too), and subtracts the median of a
     second graph that only flushes, as tritonbench does, so launch gaps vanish but L2 stays cold.
-    ``prepare`` runs once before capture: work that must be redone each rep can't be graphed."""
+    ``prepare`` runs before the warm-up and again right before capture, so the captured call starts
+    from the state every rep of the eager loop starts from: after the warm-up's backward passes a
+    leaf's ``.grad`` exists, and a graph captured then would accumulate into it (an extra
+    read-modify-write kernel per leaf) instead of writing it. Work that must be redone each rep
+    can't be graphed."""
     flush = L2Flusher() if config.flush_l2 else None
     prepare()
     stream = torch.cuda.Stream()
@@ -120,6 +124,8 @@ def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    prepare()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
