@@ -337,6 +337,12 @@ def test_bench_worker_writes_its_json_on_two_cpu_ranks(tmp_path):
 
     result = launch(nproc=2, workload="model-tiny", steps=3, warmup=1, output=tmp_path / "dist.json",
                     timeout_s=150)
+    # A rank that aborts in Gloo's teardown after rank 0 wrote the file (seen twice in CI runs on
+    # a 2-core machine, not reproduced in 10 runs under load here) leaves the measurement whole:
+    # launch() adds a teardown_error, which the CLI reports as an error row. The file must hold
+    # everything else.
+    teardown_error = result.pop("teardown_error", None)
+    assert teardown_error is None or "after the results were written" in teardown_error
     assert json.loads((tmp_path / "dist.json").read_text()) == result
     assert result["world_size"] == 2 and result["backend"] == "gloo"
     for metric in ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw"):
