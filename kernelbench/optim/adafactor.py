@@ -154,18 +154,20 @@ def _signed_decode(q, absmax):
 # Factored tensors
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _factored_stats_kernel(
-    items_ptr,      # int32 [n_items, 2]: (tensor index, row block across the tensor's matrices)
-    meta_ptr,       # int64 [n_tensors, NMETA]: addresses and sizes
-    ws_ptr,         # fp32 workspace: item partials (3 per item), tmp rows / cols, column partials
-    eps1, beta2, decay_rate,
-    QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr, ALIGNED: tl.constexpr,
-    BR: tl.constexpr, BC: tl.constexpr,
-):
+def _work_item(items_ptr, meta_ptr):
+    """This program's work item: the tensor index k, the block j within it, and k's row of the
+    per-tensor table."""
     pid = tl.program_id(0)
     k = tl.load(items_ptr + 2 * pid)
     j = tl.load(items_ptr + 2 * pid + 1)
-    meta = meta_ptr + k * NMETA
+    return k, j, meta_ptr + k * NMETA
+
+
+@triton.jit
+def _matrix_rows(meta, j, ALIGNED: tl.constexpr, BR: tl.constexpr):
+    """A factored tensor's g and p (fp32 pointers), its (R, C) matrices, and the BR rows of work
+    item j: the matrix b, the rows within it, their mask, their row index over all of the
+    tensor's rows and the element offset where each starts."""
     g_addr = tl.load(meta + _M_G)
     p_addr = tl.load(meta + _M_P)
     R = tl.load(meta + _M_R)
@@ -174,15 +176,37 @@ def _factored_stats_kernel(
         g_addr = tl.multiple_of(g_addr, 16)
         p_addr = tl.multiple_of(p_addr, 16)
         C = tl.multiple_of(C, 16)
-    g_ptr = g_addr.to(tl.pointer_type(tl.float32))
-    p_ptr = p_addr.to(tl.pointer_type(tl.float32))
     nrb = (R + BR - 1) // BR
     b = j // nrb
-    rb = j - b * nrb
-    rows = rb * BR + tl.arange(0, BR)
+    rows = (j - b * nrb) * BR + tl.arange(0, BR)
     row_mask = rows < R
-    row_index = b * R + rows                                 # row within the tensor's rows
+    row_index = b * R + rows
     row_start = row_index.to(tl.int64) * C
+    return (g_addr.to(tl.pointer_type(tl.float32)), p_addr.to(tl.pointer_type(tl.float32)), R, C, b,
+            row_mask, row_index, row_start)
+
+
+@triton.jit
+def _flat_blocks(meta, j, NB: tl.constexpr, QB: tl.constexpr):
+    """A full (unfactored) tensor's element count and work item j's NB blocks of QB elements:
+    block indices, element offsets (NB, QB), and their masks."""
+    N = tl.load(meta + _M_R)
+    blocks = j * NB + tl.arange(0, NB)
+    offs = blocks[:, None] * QB + tl.arange(0, QB)[None, :]
+    return N, blocks, offs, offs < N, blocks * QB < N
+
+
+@triton.jit
+def _factored_stats_kernel(
+    items_ptr,      # int32 [n_items, 2]: (tensor index, row block across the tensor's matrices)
+    meta_ptr,       # int64 [n_tensors, NMETA]: addresses and sizes
+    ws_ptr,         # fp32 workspace: item partials (3 per item), tmp rows / cols, column partials
+    eps1, beta2, decay_rate,
+    QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr, ALIGNED: tl.constexpr,
+    BR: tl.constexpr, BC: tl.constexpr,
+):
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    g_ptr, p_ptr, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
     colpart = ws_ptr + tl.load(meta + _M_COLPART) + j.to(tl.int64) * C
     row_acc = tl.zeros([BR], dtype=tl.float32)
     p_acc = tl.zeros([BR], dtype=tl.float32)
@@ -235,10 +259,7 @@ def _factored_cols_kernel(
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr,
     BR: tl.constexpr, BCC: tl.constexpr, PR: tl.constexpr, RB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = tl.load(col_items_ptr + 2 * pid)
-    j = tl.load(col_items_ptr + 2 * pid + 1)
-    meta = meta_ptr + k * NMETA
+    k, j, meta = _work_item(col_items_ptr, meta_ptr)
     R = tl.load(meta + _M_R)
     C = tl.load(meta + _M_C)
     nrb = (R + BR - 1) // BR
@@ -301,23 +322,8 @@ def _factored_rms_kernel(
     items_ptr, meta_ptr, ws_ptr,
     ALIGNED: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = tl.load(items_ptr + 2 * pid)
-    j = tl.load(items_ptr + 2 * pid + 1)
-    meta = meta_ptr + k * NMETA
-    g_addr = tl.load(meta + _M_G)
-    R = tl.load(meta + _M_R)
-    C = tl.load(meta + _M_C)
-    if ALIGNED:
-        g_addr = tl.multiple_of(g_addr, 16)
-        C = tl.multiple_of(C, 16)
-    g_ptr = g_addr.to(tl.pointer_type(tl.float32))
-    nrb = (R + BR - 1) // BR
-    b = j // nrb
-    rows = (j - b * nrb) * BR + tl.arange(0, BR)
-    row_mask = rows < R
-    row_index = b * R + rows
-    row_start = row_index.to(tl.int64) * C
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    g_ptr, _, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
     rf = _row_factors(meta, ws_ptr, b, row_index, row_mask)
     coltmp = ws_ptr + tl.load(meta + _M_COLTMP) + b * C
     acc = tl.zeros([BR, BC], dtype=tl.float32)
@@ -341,26 +347,8 @@ def _factored_apply_kernel(
     QUANT: tl.constexpr, HAS_M: tl.constexpr, ALIGNED: tl.constexpr,
     BR: tl.constexpr, BC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = tl.load(items_ptr + 2 * pid)
-    j = tl.load(items_ptr + 2 * pid + 1)
-    meta = meta_ptr + k * NMETA
-    g_addr = tl.load(meta + _M_G)
-    p_addr = tl.load(meta + _M_P)
-    R = tl.load(meta + _M_R)
-    C = tl.load(meta + _M_C)
-    if ALIGNED:  # every address 16-byte aligned and C % 16 == 0: lets the compiler vectorise
-        g_addr = tl.multiple_of(g_addr, 16)
-        p_addr = tl.multiple_of(p_addr, 16)
-        C = tl.multiple_of(C, 16)
-    g_ptr = g_addr.to(tl.pointer_type(tl.float32))
-    p_ptr = p_addr.to(tl.pointer_type(tl.float32))
-    nrb = (R + BR - 1) // BR
-    b = j // nrb
-    rows = (j - b * nrb) * BR + tl.arange(0, BR)
-    row_mask = rows < R
-    row_index = b * R + rows
-    row_start = row_index.to(tl.int64) * C
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    g_ptr, p_ptr, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
     rf = _row_factors(meta, ws_ptr, b, row_index, row_mask)
     coltmp = ws_ptr + tl.load(meta + _M_COLTMP) + b * C
     scal = ws_ptr + scal_off + 4 * k
@@ -437,15 +425,8 @@ def _full_rms_kernel(
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr,
     NB: tl.constexpr, QB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = tl.load(items_ptr + 2 * pid)
-    j = tl.load(items_ptr + 2 * pid + 1)
-    meta = meta_ptr + k * NMETA
-    N = tl.load(meta + _M_R)
-    blocks = j * NB + tl.arange(0, NB)
-    offs = blocks[:, None] * QB + tl.arange(0, QB)[None, :]
-    mask = offs < N
-    block_mask = blocks * QB < N
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
     t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
     g = tl.load(tl.load(meta + _M_G).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
     v = _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2, decay_rate,
@@ -467,15 +448,8 @@ def _full_apply_kernel(
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, HAS_M: tl.constexpr,
     NB: tl.constexpr, QB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = tl.load(items_ptr + 2 * pid)
-    j = tl.load(items_ptr + 2 * pid + 1)
-    meta = meta_ptr + k * NMETA
-    N = tl.load(meta + _M_R)
-    blocks = j * NB + tl.arange(0, NB)
-    offs = blocks[:, None] * QB + tl.arange(0, QB)[None, :]
-    mask = offs < N
-    block_mask = blocks * QB < N
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
     scal = ws_ptr + scal_off + 4 * k
     alpha = tl.load(scal)
     inv_clip = tl.load(scal + 1)
