@@ -3,7 +3,7 @@
   rope-fwd / rope-fb  rotary bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128), HF rotate_half:
                       tiles (heads x positions), warps and the L2 eviction hint on the cos / sin
                       tables (evict_last), against session 2's default (1 x 32, no hint). (A
-                      "whole row" kernel, measured here 2026-11-22 and 13-15% slower, was removed.)
+                      "whole row" kernel, measured here 2026-11-22 and 9-15% slower, was removed.)
   rms-4096            RMSNorm bf16 (32768, 4096) forward: L2 eviction hints on x's read
   rms-N               RMSNorm bf16 forward, M = 2^27 / N (N = 4096 .. 65536): rows in registers
                       (several per program at small N) against two passes (sum of squares, then x

@@ -81,9 +81,12 @@ _FWD_SINGLE_PASS_MAX_N = 16384
 #   N = 32768  (8192, 32)  0.1365-0.1377              vs 0.1438 for 1 row x 32 warps (compile 0.1327-0.1338)
 #   N = 65536  (8192, 32)  0.1625-0.1631              vs 0.2052 for a persistent grid of 8 x 16 warps
 #                                                        per SM (session 2's default; compile 0.1977)
-# Chunks of 16 values per thread, or one chunk per row, were 5-30% slower; at 32768, 16 warps
-# (4 rows per SM waiting in L2 for their second pass, ~34 MB) 0.154-0.160, persistent grids
-# 0.151-0.184. Other widths (N <= 2048 and 16384) keep the rows in registers (not measured slower).
+# Chunks of 16 values per thread, or one chunk per row, were 5-50% slower; at 32768, 16 warps
+# (4 rows per SM waiting in L2 for their second pass, ~34 MB) 0.152-0.160, persistent grids
+# 0.151-0.224. N <= 2048 and 16384 keep the rows in registers, already within 2% of the best
+# anchor there; two passes measured once at 2048 (1024-wide chunks, 4 warps) 0.1305 against
+# 0.1348, at 16384 (4096, 16 warps) 0.1334 against 0.1344 and (8192, 32 warps) 0.1398: not
+# adopted on one run each.
 _FWD_TWO_PASS_CONFIG = {4096: (2048, 8), 8192: (4096, 16), 32768: (8192, 32), 65536: (8192, 32)}
 # L2 hints of the two passes: x's first read evict_last (it is read again), the second
 # evict_first, the weight (read by every row) evict_last. Without them, N = 32768: 0.1411 ms.

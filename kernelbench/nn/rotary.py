@@ -49,9 +49,9 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # evict_last, 0.0847 ms (twice 0.0847-0.0848), against 0.0900 for session 2's default (1 head x 32
 # positions, no hint). The hint alone gave 0.0895, the tile alone 0.0856: the cos / sin tables
 # (1 MB) are read by every program, and without the hint the streamed q / k push them out of L2.
-# Tiles of 4 x 4 / 2 x 16 (8 warps) were within 1%, 8 x 4 and 1 x 32+ 3-6% slower, a "whole row"
+# Tiles of 4 x 4 and 2 x 16 (8 warps) were within 2%, 8 x 4 and 1 x 32 5-6% slower, a "whole row"
 # kernel (partner element through a second, L1-hitting load, one store; the way torch.compile's
-# code does it) 13-15% slower. Odd head counts take one head per program (no masked tiles).
+# code does it) 15% slower. Odd head counts take one head per program (no masked tiles).
 _ELEMENTS_PER_PROGRAM = 2048
 _DEFAULT_BLOCK_H = 2
 _DEFAULT_NUM_WARPS = 4
