@@ -4,20 +4,23 @@
                       tiles (heads x positions), warps and the L2 eviction hint on the cos / sin
                       tables (evict_last), against session 2's default (1 x 32, no hint). (A
                       "whole row" kernel, measured here 2026-11-22 and 9-15% slower, was removed.)
-  rms-4096            RMSNorm bf16 (32768, 4096) forward: L2 eviction hints on x's read
-  rms-N               RMSNorm bf16 forward, M = 2^27 / N (N = 4096 .. 65536): rows in registers
-                      (several per program at small N) against two passes (sum of squares, then x
-                      read back from L2), one row per program or a persistent grid, chunk widths,
-                      warps and eviction hints (pass 1 evict_last, pass 2 evict_first)
-  rms-fb-N            forward+backward at N = 32768 and 65536: the two-pass backward's hints,
-                      warps, grid, dw accumulated in the dx kernel (dw_in_dx)
+  rms-N               RMSNorm bf16 forward, M = 2^27 / N (N = 2048 .. 65536; N = 4096 is the
+                      (32768, 4096) headline): the default against session 2's (rows in
+                      registers; a persistent two-pass grid at 65536) and neighbouring two-pass
+                      configurations (chunk width, warps, grid, eviction hints)
+  rms-fb-N            forward+backward at N = 32768 and 65536: the default backward against
+                      session 2's (no L2 hints, 16 warps)
+
+The config lists hold the last comparison made (the final defaults against what they replaced);
+`results/2026-11-22-h200-session3/logs/probe-gaps-<commit>.jsonl` keep every earlier list's
+output, the commit naming the script as it was then.
 
 One JSON line per row: triton do_bench median (L2 flushed), % of the copy rate measured here, the
 ratio to the best anchor of the case (below 1 is faster), and for our rows the largest difference
 from the case's default output (0.0: bit for bit). With --dump-inductor, torch.compile's generated
 code for the anchors is logged (TORCH_LOGS=output_code) to stderr, to see what it does.
 
-    python scripts/probe_gaps.py [--dump-inductor] [--cases rope,rms,rms-bwd]    # ~3 min on an H200
+    python scripts/probe_gaps.py [--dump-inductor] [--cases rope,rms,rms-bwd]    # ~1 min on an H200
 """
 
 from __future__ import annotations
