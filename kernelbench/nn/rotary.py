@@ -46,7 +46,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # Default tile and cache hint, measured on an H200 (bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128),
 # forward, scripts/probe_gaps.py, 2026-11-22, against torch.compile's 0.0863 ms in the same runs):
 # 2 heads x 8 positions x 128 dims (2048 elements) at 4 warps with the cos / sin loads marked
-# evict_last, 0.0847 ms (twice 0.0847-0.0848), against 0.0900 for session 2's default (1 head x 32
+# evict_last, 0.0847-0.0849 ms in four runs, against 0.0900 for session 2's default (1 head x 32
 # positions, no hint). The hint alone gave 0.0895, the tile alone 0.0856: the cos / sin tables
 # (1 MB) are read by every program, and without the hint the streamed q / k push them out of L2.
 # Tiles of 4 x 4 and 2 x 16 (8 warps) were within 2%, 8 x 4 and 1 x 32 5-6% slower, a "whole row"
