@@ -197,6 +197,37 @@ def _flat_blocks(meta, j, NB: tl.constexpr, QB: tl.constexpr):
 
 
 @triton.jit
+def _update_factor(meta, ws_ptr, index, mask, j, new, t, beta2t,
+                   STATE: tl.constexpr, RANGE: tl.constexpr, TMP: tl.constexpr, STREAM: tl.constexpr,
+                   QUANT: tl.constexpr):
+    """One factored statistic (row or column means of g^2) of work item j at ``index``: the
+    moving average of its old value (8-bit log2 codes with one range per item, or fp32) and
+    ``new``, written to the workspace (table column TMP) for the apply kernel and back to the
+    state (table columns STATE / RANGE), requantised with stochastic rounding. Returns it."""
+    if QUANT:
+        q_ptr = tl.load(meta + STATE).to(tl.pointer_type(tl.uint8))
+        range_ptr = tl.load(meta + RANGE).to(tl.pointer_type(tl.float32))
+        lo = tl.load(range_ptr + 2 * j)
+        hi = tl.load(range_ptr + 2 * j + 1)
+        old = _log2_decode(tl.load(q_ptr + index, mask=mask, other=0), lo, hi)
+    else:
+        old = tl.load(tl.load(meta + STATE).to(tl.pointer_type(tl.float32)) + index, mask=mask, other=0.0)
+    old = tl.where(t > 1.0, old, 0.0)                        # fresh state is zero
+    value = beta2t * old + (1.0 - beta2t) * new
+    tl.store(ws_ptr + tl.load(meta + TMP) + index, value, mask=mask)
+    if QUANT:
+        logv = tl.log2(tl.maximum(value, _TINY))
+        lo, hi = _log2_range(logv, mask, 0)
+        noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), STREAM), index.to(tl.int32))
+        tl.store(q_ptr + index, _log2_encode(logv, lo, hi, noise), mask=mask)
+        tl.store(range_ptr + 2 * j, lo)
+        tl.store(range_ptr + 2 * j + 1, hi)
+    else:
+        tl.store(tl.load(meta + STATE).to(tl.pointer_type(tl.float32)) + index, value, mask=mask)
+    return value
+
+
+@triton.jit
 def _factored_stats_kernel(
     items_ptr,      # int32 [n_items, 2]: (tensor index, row block across the tensor's matrices)
     meta_ptr,       # int64 [n_tensors, NMETA]: addresses and sizes
@@ -226,26 +257,8 @@ def _factored_stats_kernel(
     t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
     beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
     new = row_acc / C.to(tl.float32) + eps1
-    if QUANT:
-        q_ptr = tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8))
-        range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
-        lo = tl.load(range_ptr + 2 * j)
-        hi = tl.load(range_ptr + 2 * j + 1)
-        old = _log2_decode(tl.load(q_ptr + row_index, mask=row_mask, other=0), lo, hi)
-    else:
-        old = tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + row_index, mask=row_mask, other=0.0)
-    old = tl.where(t > 1.0, old, 0.0)                        # fresh state is zero
-    r = beta2t * old + (1.0 - beta2t) * new
-    tl.store(ws_ptr + tl.load(meta + _M_ROWTMP) + row_index, r, mask=row_mask)
-    if QUANT:
-        logr = tl.log2(tl.maximum(r, _TINY))
-        lo, hi = _log2_range(logr, row_mask, 0)
-        noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), _STREAM_ROW), row_index.to(tl.int32))
-        tl.store(q_ptr + row_index, _log2_encode(logr, lo, hi, noise), mask=row_mask)
-        tl.store(range_ptr + 2 * j, lo)
-        tl.store(range_ptr + 2 * j + 1, hi)
-    else:
-        tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + row_index, r, mask=row_mask)
+    r = _update_factor(meta, ws_ptr, row_index, row_mask, j, new, t, beta2t,
+                       _M_V, _M_VR, _M_ROWTMP, _STREAM_ROW, QUANT)
     item = tl.load(meta + _M_ITEM0) + j
     tl.store(ws_ptr + 3 * item, tl.sum(p_acc, axis=0))
     tl.store(ws_ptr + 3 * item + 2, tl.sum(tl.where(row_mask, r, 0.0), axis=0))
@@ -278,27 +291,8 @@ def _factored_cols_kernel(
     t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
     beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
     new = acc / R.to(tl.float32) + eps1
-    col_index = b * C + cols
-    if QUANT:
-        q_ptr = tl.load(meta + _M_COL).to(tl.pointer_type(tl.uint8))
-        range_ptr = tl.load(meta + _M_COLR).to(tl.pointer_type(tl.float32))
-        lo = tl.load(range_ptr + 2 * j)
-        hi = tl.load(range_ptr + 2 * j + 1)
-        old = _log2_decode(tl.load(q_ptr + col_index, mask=col_mask, other=0), lo, hi)
-    else:
-        old = tl.load(tl.load(meta + _M_COL).to(tl.pointer_type(tl.float32)) + col_index, mask=col_mask, other=0.0)
-    old = tl.where(t > 1.0, old, 0.0)
-    c = beta2t * old + (1.0 - beta2t) * new
-    tl.store(ws_ptr + tl.load(meta + _M_COLTMP) + col_index, c, mask=col_mask)
-    if QUANT:
-        logc = tl.log2(tl.maximum(c, _TINY))
-        lo, hi = _log2_range(logc, col_mask, 0)
-        noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), _STREAM_COL), col_index.to(tl.int32))
-        tl.store(q_ptr + col_index, _log2_encode(logc, lo, hi, noise), mask=col_mask)
-        tl.store(range_ptr + 2 * j, lo)
-        tl.store(range_ptr + 2 * j + 1, hi)
-    else:
-        tl.store(tl.load(meta + _M_COL).to(tl.pointer_type(tl.float32)) + col_index, c, mask=col_mask)
+    _update_factor(meta, ws_ptr, b * C + cols, col_mask, j, new, t, beta2t,
+                   _M_COL, _M_COLR, _M_COLTMP, _STREAM_COL, QUANT)
 
     if cb == 0:  # one program per matrix also reduces the row statistic's mean
         item0 = tl.load(meta + _M_ITEM0) + b * nrb
