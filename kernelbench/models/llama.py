@@ -1,0 +1,250 @@
+"""A Llama-style decoder built in kernelbench, for measuring layers inside a model and for training.
+
+Each of ``n_layers`` blocks:
+
+    h   = x + o_proj(attention(rotary(q_proj(norm1(x))), rotary(k_proj(..)), v_proj(..)))
+    out = h + down_proj(silu(gate_proj(norm2(h))) * up_proj(norm2(h)))
+
+with RMSNorm, rotary embeddings in Hugging Face's rotate_half style, grouped-query attention
+(``n_kv_heads`` key/value heads shared by ``n_heads`` query heads) through causal
+``F.scaled_dot_product_attention``, a final RMSNorm and an output head (untied unless
+``tie_embeddings``). Parameter names follow Hugging Face's Llama (``model.embed_tokens``,
+``model.layers.N.self_attn.q_proj``, ``model.layers.N.mlp.gate_proj``, ``lm_head``...), so
+optimizers that partition by name (Adam-mini) see what they would see on the real model.
+
+``layers`` picks the RMSNorm and rotary implementations; everything else is the same code:
+``"torch"`` (``torch.nn.RMSNorm`` and an eager rotary), ``"kernelbench"`` (``kernelbench.nn``,
+with ``impl``), ``"liger"`` (liger-kernel's, when installed). The residual add before each norm
+goes through the layer set too, so an implementation that fuses it (kernelbench's) can.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LAYER_SETS = ("torch", "kernelbench", "liger")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 32000
+    hidden: int = 2048
+    n_layers: int = 4
+    n_heads: int = 16
+    n_kv_heads: int = 8
+    intermediate: int = 8192
+    max_seq: int = 2048
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.n_heads:
+            raise ValueError(f"LlamaConfig: hidden {self.hidden} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"LlamaConfig: n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
+        if self.n_layers < 1:
+            raise ValueError(f"LlamaConfig: n_layers must be at least 1, got {self.n_layers}")
+        if (self.hidden // self.n_heads) % 2:
+            raise ValueError(f"LlamaConfig: head dimension {self.hidden // self.n_heads} must be even for rotary")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    def n_params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + 2 * self.hidden
+        heads = self.vocab_size * self.hidden * (1 if self.tie_embeddings else 2)
+        return self.n_layers * per_layer + heads + self.hidden
+
+
+def rotary_tables(config: LlamaConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos / sin of shape (max_seq, head_dim), rotate_half layout (frequencies repeated)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+    angles = torch.outer(torch.arange(config.max_seq, dtype=torch.float64, device=device), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def eager_rotary(q, k, cos, sin):
+    """Hugging Face's apply_rotary_pos_emb on (B, H, S, D) q / k and (S, D) tables."""
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+class LayerSet:
+    """The RMSNorm and rotary implementations a model is built with."""
+
+    def __init__(self, name: str, impl: str = "auto") -> None:
+        if name not in LAYER_SETS:
+            raise ValueError(f"layers must be one of {', '.join(LAYER_SETS)}, got {name!r}")
+        self.name, self.impl = name, impl
+        self.rotary: Callable = eager_rotary
+        if name == "kernelbench":
+            from kernelbench.nn import apply_rotary
+
+            self.rotary = lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl=impl)
+        elif name == "liger":
+            from liger_kernel.ops.rope import LigerRopeFunction
+
+            # liger takes cos / sin as (1, S, D) or (B, S, D) in q's dtype
+            self.rotary = lambda q, k, cos, sin: LigerRopeFunction.apply(
+                q, k, cos.to(q.dtype).unsqueeze(0), sin.to(q.dtype).unsqueeze(0))
+
+    def norm(self, hidden: int, eps: float) -> nn.Module:
+        if self.name == "kernelbench":
+            from kernelbench.nn import RMSNorm
+
+            return RMSNorm(hidden, eps=eps, impl=self.impl)
+        if self.name == "liger":
+            from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+            return LigerRMSNorm(hidden, eps=eps)
+        return nn.RMSNorm(hidden, eps=eps)
+
+    def add_norm(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), fused where the implementation offers it."""
+        x = x.to(residual.dtype)
+        if self.name == "kernelbench":
+            return norm(x, residual)
+        h = x + residual
+        return norm(h), h
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, layers: LayerSet) -> None:
+        super().__init__()
+        self.config, self.layers = config, layers
+        d, hd = config.hidden, config.head_dim
+        self.q_proj = nn.Linear(d, config.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(config.n_heads * hd, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        c = self.config
+        q = self.q_proj(x).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = self.layers.rotary(q, k, cos[:s], sin[:s])
+        if c.n_kv_heads != c.n_heads:
+            repeat = c.n_heads // c.n_kv_heads
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, c.n_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden, config.intermediate, bias=False)
+        self.up_proj = nn.Linear(config.hidden, config.intermediate, bias=False)
+        self.down_proj = nn.Linear(config.intermediate, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layers: LayerSet) -> None:
+        super().__init__()
+        self.layers = layers
+        self.input_layernorm = layers.norm(config.hidden, config.eps)
+        self.self_attn = Attention(config, layers)
+        self.post_attention_layernorm = layers.norm(config.hidden, config.eps)
+        self.mlp = MLP(config)
+
+    def forward(self, normed: torch.Tensor, residual: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Takes norm1(x) and x; returns the MLP's output and the residual stream h, whose sum is
+        the next layer's input (left unadded so that the next norm can fuse the add)."""
+        attn = self.self_attn(normed, cos, sin)
+        normed, h = self.layers.add_norm(self.post_attention_layernorm, attn, residual)
+        return self.mlp(normed), h
+
+
+class _Body(nn.Module):
+    """Holds the parameters under Hugging Face's ``model.`` prefix."""
+
+    def __init__(self, config: LlamaConfig, layers: LayerSet) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(config, layers) for _ in range(config.n_layers))
+        self.norm = layers.norm(config.hidden, config.eps)
+
+
+class Llama(nn.Module):
+    """``forward(tokens)`` -> logits (B, S, vocab); ``loss(tokens, targets)`` -> mean cross-entropy."""
+
+    def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.layer_set = LayerSet(layers, impl)
+        self.model = _Body(config, self.layer_set)
+        self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        cos, sin = rotary_tables(config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Normal(0, 0.02) linear and embedding weights, residual projections scaled by
+        1/sqrt(2 * n_layers) (GPT-2's scheme), norms at one."""
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=self.lm_head.weight.device).manual_seed(seed)
+        out_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            else:
+                std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                with torch.no_grad():
+                    p.normal_(0.0, std, generator=gen)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        s = tokens.shape[1]
+        if s > self.config.max_seq:
+            raise ValueError(f"Llama: sequence length {s} exceeds max_seq {self.config.max_seq}")
+        x = self.model.embed_tokens(tokens)
+        cos, sin = self.rope_cos, self.rope_sin
+        layers = self.model.layers
+        normed, residual = layers[0].input_layernorm(x), x
+        for i, layer in enumerate(layers):
+            out, h = layer(normed, residual, cos, sin)
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            normed, residual = self.layer_set.add_norm(nxt, out, h)
+        return self.lm_head(normed)
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.forward(tokens)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# Named configurations: a tiny one the CPU tests and CPU suites run (Triton in the interpreter), a
+# ~15M-parameter one small enough to train for hundreds of steps in a minute on one GPU, and four
+# layers of a 1B-class model for timing a training step.
+CONFIGS = {
+    "llama-tiny": LlamaConfig(vocab_size=128, hidden=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                              intermediate=128, max_seq=64),
+    "llama-15m": LlamaConfig(vocab_size=4096, hidden=256, n_layers=6, n_heads=8, n_kv_heads=4,
+                             intermediate=768, max_seq=512),
+    "llama-1b-layer4": LlamaConfig(vocab_size=32000, hidden=2048, n_layers=4, n_heads=16, n_kv_heads=8,
+                                   intermediate=8192, max_seq=2048),
+}
