@@ -1,0 +1,760 @@
+"""Adafactor8bit's Triton kernels and the host functions that plan and launch them.
+
+The optimizer (param groups, state, checkpoints) is ``kernelbench.optim.adafactor``.
+
+The math is ``AdafactorRef``'s (kernelbench/optim/adafactor_ref.py, the fp32 reference next to
+this file): relative step rho = min(lr, 1/sqrt(t)), parameter scale alpha = rho * max(eps2, RMS(p)),
+beta2_t = 1 - t^decay_rate (or a fixed beta2), second moment from G = g^2 + eps1, factored over
+the last two dims for params with >= 2 dims (rows r, columns c, u = g * rsqrt(r / mean(r) * c)),
+full otherwise (u = g * rsqrt(v)), clipping u /= max(1, RMS(u) / clip_threshold), optional first
+moment m <- beta1 m + (1 - beta1) u, decoupled weight decay p <- p (1 - rho wd) - alpha u.
+
+State (per parameter; fp32 when the group has ``quantize=False`` or numel < ``min_8bit_size``):
+
+    step                   fp32 scalar on the parameter's device (read and written by the kernels)
+    row_q, col_q           uint8 log2 codes of r and c; row_range / col_range: fp32 (lo, hi) per
+                           block of ROW_BLOCK rows / COL_BLOCK columns           (fp32: row, col)
+    v_q                    uint8 log2 codes of v; v_range: fp32 (lo, hi) per FLAT_BLOCK elements
+                                                                                 (fp32: v)
+    m_q, m_scale           uint8 sign + 7-bit magnitude, sqrt-companded, absmax per COL_BLOCK
+                           columns of a row (factored) or per FLAT_BLOCK elements  (fp32: m)
+
+Second-moment codes (r, c, v are positive): a block stores lo and hi of log2(x) (lo raised to
+hi - LOG2_SPAN so that one eps1-sized element cannot stretch the block) and each element
+q = floor(255 (log2 x - lo) / (hi - lo) + U), U uniform in [0, 1) (stochastic rounding, seeded by
+(parameter, step, element), so runs and resumed runs are bitwise reproducible); decoding gives
+x' = 2^(lo + q (hi - lo) / 255). The error is relative, whatever the magnitude: |log2 x' - log2 x|
+< (hi - lo) / 255, i.e. x'/x within 2^(+-(hi-lo)/255): at most +-11.5% at the span cap (40 octaves),
++-2.8% for a block spanning 10 octaves; rsqrt(x), which the update uses, errs by half of that.
+Stochastic rounding keeps the EMA unbiased (in log2) where rounding to nearest would freeze an
+EMA whose per-step change is below half a code (beta2_t near 1). Values below 2^lo decode as 2^lo.
+First moment: q = floor(127 sqrt(|m| / absmax) + U) with the sign in bit 7; m' = (q/127)^2 absmax;
+the resolution is absmax * 2q/127^2 near q, finer for small |m| than a linear code.
+
+Kernels, per param group and per bucket of same-kind tensors (factored / full x 8-bit / fp32),
+one launch each, over every tensor of the bucket (addresses and sizes come from an int64 table
+built when the set of tensors changes; work items are (tensor, block of rows) or (tensor, chunk)):
+
+    factored  K1 stats     read g (and p):   row sums of G -> r (EMA, requantised here, since a
+                                             program owns whole rows), column partial sums per row
+                                             block, partial sums of p^2 and of r
+              K2 columns   read the column partials -> c (EMA, requantised), mean(r) per matrix
+              K3 rms       read g:           partial sums of u^2
+    full      N1 rms       read g, v (, p):  v' (not stored), partial sums of u^2 and p^2
+    all       K4 finish    per tensor: RMS(p), RMS(u) -> alpha, 1/clip, decay; step += 1
+    factored  K5 apply     read g, p (, m):  write p (, m)
+    full      N3 apply     read g, v, p (, m): recompute v' (same arithmetic as N1), write v, p (, m)
+
+Traffic per parameter: factored 24 bytes (g three times, p twice, p written; the row / column
+statistics are O(rows + cols)), full 8-bit 23 bytes, plus 2 for an 8-bit first moment. The reads
+of g are inherent to the algorithm without a grid-wide barrier: the column statistics need every
+row, RMS(u) needs the new statistics, and the update needs RMS(u). RMS(p) rides on the first pass.
+No step reads anything back to the host: the step counter, the reductions and the scalars derived
+from them live on the device; partial sums are reduced in a fixed order (no atomics), so results
+are deterministic. Parameters and gradients: fp32, contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_utils import upload_int64
+
+# State format (a checkpoint's codes and ranges are laid out by these; changing one changes the
+# state_dict): rows per block of the row statistic's codes, which is also the rows a factored
+# program owns, so that each row statistic is complete and requantised in one place (64 rows keep
+# the per-block range at 1/8 byte per row and the column partials at 1/64 of g); columns per block
+# of the column statistic's codes and of m's absmax in factored tensors, also the column tile
+# (64 x 128 fp32 = 32 KB of g per load, 32 values per thread at 8 warps); elements per block of v's
+# and (full tensors) m's codes.
+ROW_BLOCK = 64
+COL_BLOCK = 128
+FLAT_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class FactoredConfig:
+    """Launch of the factored kernels (K1 stats, K2 columns, K3 rms, K5 apply)."""
+
+    num_warps: int = 8            # K1, K3, K5: one (ROW_BLOCK x COL_BLOCK) tile per iteration
+    cols_num_warps: int = 4       # K2
+    part_rows: int = 64           # K2: column-partial rows reduced per iteration
+    reduce_block: int = 256       # K2: row-statistic partials reduced per iteration
+
+
+@dataclass(frozen=True)
+class FullConfig:
+    """Launch of the full (1-dim) kernels (N1 rms, N3 apply)."""
+
+    blocks_per_program: int = 8   # FLAT_BLOCKs per program
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class FinishConfig:
+    """Launch of K4 finish (one program per tensor)."""
+
+    reduce_block: int = 256       # item partials reduced per iteration
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    factored: FactoredConfig = FactoredConfig()
+    full: FullConfig = FullConfig()
+    finish: FinishConfig = FinishConfig()
+
+
+DEFAULT_LAUNCH = LaunchConfig()
+
+# Globals read inside @triton.jit functions must be tl.constexpr objects: compiled Triton refuses
+# any other global (NameError at compile time), although the interpreter accepts them.
+# tests/test_optim_adafactor.py::test_kernels_read_only_constexpr_globals checks this on the CPU.
+LOG2_SPAN = tl.constexpr(40.0)
+
+# Columns of the per-tensor int64 table (addresses are 0 where a tensor has no such state).
+_M_G, _M_P, _M_STEP, _M_V, _M_VR, _M_COL, _M_COLR, _M_M, _M_MS = (tl.constexpr(i) for i in range(9))
+_M_R, _M_C, _M_B, _M_ITEM0, _M_NITEMS, _M_COLPART, _M_ROWTMP, _M_COLTMP, _M_RMEAN, _M_SALT = (
+    tl.constexpr(i) for i in range(9, 19))
+NMETA = tl.constexpr(19)
+# Random streams for stochastic rounding (one per kind of state, so their noise is independent).
+_STREAM_ROW, _STREAM_COL, _STREAM_V, _STREAM_M = (tl.constexpr(i) for i in range(4))
+
+_TINY = tl.constexpr(1e-38)  # log2 of 0 is -inf; second-moment values are floored here before encoding
+
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _seed(t, salt, stream: tl.constexpr):
+    # step t (fp32, exact below 2^24), parameter salt and stream -> an int32 Philox seed
+    return t.to(tl.int32) * 4 + stream + salt.to(tl.int32) * 1000003
+
+
+@triton.jit
+def _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2: tl.constexpr):
+    # 1 - beta2_t = t^decay_rate; returned as beta2_t (the EMA keeps beta2_t * old + (1 - beta2_t) new)
+    if FIXED_BETA2:
+        return beta2
+    return 1.0 - tl.exp2(decay_rate * tl.log2(t))
+
+
+@triton.jit
+def _log2_range(logx, mask, axis: tl.constexpr):
+    hi = tl.max(tl.where(mask, logx, -float("inf")), axis=axis)
+    lo = tl.min(tl.where(mask, logx, float("inf")), axis=axis)
+    return tl.maximum(lo, hi - LOG2_SPAN), hi
+
+
+@triton.jit
+def _log2_encode(logx, lo, hi, noise):
+    # hi == lo (a constant block) encodes everything as 0, which decodes to 2^lo exactly
+    scale = 255.0 / tl.maximum(hi - lo, 1e-30)
+    q = tl.floor(tl.where(hi > lo, (logx - lo) * scale, 0.0) + noise)
+    return tl.minimum(tl.maximum(q, 0.0), 255.0).to(tl.uint8)
+
+
+@triton.jit
+def _log2_decode(q, lo, hi):
+    return tl.exp2(lo + q.to(tl.float32) * ((hi - lo) / 255.0))
+
+
+@triton.jit
+def _signed_encode(m, absmax, noise):
+    inv = tl.where(absmax > 0.0, 1.0 / tl.maximum(absmax, 1e-38), 0.0)
+    mag = tl.minimum(tl.floor(127.0 * tl.sqrt(tl.abs(m) * inv) + noise), 127.0)
+    return (mag + tl.where(m < 0.0, 128.0, 0.0)).to(tl.uint8)
+
+
+@triton.jit
+def _signed_decode(q, absmax):
+    qi = q.to(tl.int32)
+    mag = (qi & 127).to(tl.float32) * (1.0 / 127.0)
+    return tl.where(qi >= 128, -1.0, 1.0) * mag * mag * absmax
+
+
+# ----------------------------------------------------------------------------------------------
+# Factored tensors
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _work_item(items_ptr, meta_ptr):
+    """This program's work item: the tensor index k, the block j within it, and k's row of the
+    per-tensor table."""
+    pid = tl.program_id(0)
+    k = tl.load(items_ptr + 2 * pid)
+    j = tl.load(items_ptr + 2 * pid + 1)
+    return k, j, meta_ptr + k * NMETA
+
+
+@triton.jit
+def _matrix_rows(meta, j, ALIGNED: tl.constexpr, BR: tl.constexpr):
+    """A factored tensor's g and p (fp32 pointers), its (R, C) matrices, and the BR rows of work
+    item j: the matrix b, the rows within it, their mask, their row index over all of the
+    tensor's rows and the element offset where each starts."""
+    g_addr = tl.load(meta + _M_G)
+    p_addr = tl.load(meta + _M_P)
+    R = tl.load(meta + _M_R)
+    C = tl.load(meta + _M_C)
+    if ALIGNED:  # every address 16-byte aligned and C % 16 == 0: lets the compiler vectorise
+        g_addr = tl.multiple_of(g_addr, 16)
+        p_addr = tl.multiple_of(p_addr, 16)
+        C = tl.multiple_of(C, 16)
+    nrb = (R + BR - 1) // BR
+    b = j // nrb
+    rows = (j - b * nrb) * BR + tl.arange(0, BR)
+    row_mask = rows < R
+    row_index = b * R + rows
+    row_start = row_index.to(tl.int64) * C
+    return (g_addr.to(tl.pointer_type(tl.float32)), p_addr.to(tl.pointer_type(tl.float32)), R, C, b,
+            row_mask, row_index, row_start)
+
+
+@triton.jit
+def _flat_blocks(meta, j, NB: tl.constexpr, QB: tl.constexpr):
+    """A full (unfactored) tensor's element count and work item j's NB blocks of QB elements:
+    block indices, element offsets (NB, QB), and their masks."""
+    N = tl.load(meta + _M_R)
+    blocks = j * NB + tl.arange(0, NB)
+    offs = blocks[:, None] * QB + tl.arange(0, QB)[None, :]
+    return N, blocks, offs, offs < N, blocks * QB < N
+
+
+@triton.jit
+def _update_factor(meta, ws_ptr, index, mask, j, new, t, beta2t,
+                   STATE: tl.constexpr, RANGE: tl.constexpr, TMP: tl.constexpr, STREAM: tl.constexpr,
+                   QUANT: tl.constexpr):
+    """One factored statistic (row or column means of g^2) of work item j at ``index``: the
+    moving average of its old value (8-bit log2 codes with one range per item, or fp32) and
+    ``new``, written to the workspace (table column TMP) for the apply kernel and back to the
+    state (table columns STATE / RANGE), requantised with stochastic rounding. Returns it."""
+    if QUANT:
+        q_ptr = tl.load(meta + STATE).to(tl.pointer_type(tl.uint8))
+        range_ptr = tl.load(meta + RANGE).to(tl.pointer_type(tl.float32))
+        lo = tl.load(range_ptr + 2 * j)
+        hi = tl.load(range_ptr + 2 * j + 1)
+        old = _log2_decode(tl.load(q_ptr + index, mask=mask, other=0), lo, hi)
+    else:
+        old = tl.load(tl.load(meta + STATE).to(tl.pointer_type(tl.float32)) + index, mask=mask, other=0.0)
+    old = tl.where(t > 1.0, old, 0.0)                        # fresh state is zero
+    value = beta2t * old + (1.0 - beta2t) * new
+    tl.store(ws_ptr + tl.load(meta + TMP) + index, value, mask=mask)
+    if QUANT:
+        logv = tl.log2(tl.maximum(value, _TINY))
+        lo, hi = _log2_range(logv, mask, 0)
+        noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), STREAM), index.to(tl.int32))
+        tl.store(q_ptr + index, _log2_encode(logv, lo, hi, noise), mask=mask)
+        tl.store(range_ptr + 2 * j, lo)
+        tl.store(range_ptr + 2 * j + 1, hi)
+    else:
+        tl.store(tl.load(meta + STATE).to(tl.pointer_type(tl.float32)) + index, value, mask=mask)
+    return value
+
+
+@triton.jit
+def _factored_stats_kernel(
+    items_ptr,      # int32 [n_items, 2]: (tensor index, row block across the tensor's matrices)
+    meta_ptr,       # int64 [n_tensors, NMETA]: addresses and sizes
+    ws_ptr,         # fp32 workspace: item partials (3 per item), tmp rows / cols, column partials
+    eps1, beta2, decay_rate,
+    QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr, ALIGNED: tl.constexpr,
+    BR: tl.constexpr, BC: tl.constexpr,
+):
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    g_ptr, p_ptr, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
+    colpart = ws_ptr + tl.load(meta + _M_COLPART) + j.to(tl.int64) * C
+    row_acc = tl.zeros([BR], dtype=tl.float32)
+    p_acc = tl.zeros([BR], dtype=tl.float32)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        col_mask = cols < C
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = row_start[:, None] + cols[None, :]
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+        g2 = g * g
+        row_acc += tl.sum(g2, axis=1)
+        tl.store(colpart + cols, tl.sum(g2, axis=0), mask=col_mask)
+        if SCALE_PARAM:
+            p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+            p_acc += tl.sum(p * p, axis=1)
+
+    t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
+    beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
+    new = row_acc / C.to(tl.float32) + eps1
+    r = _update_factor(meta, ws_ptr, row_index, row_mask, j, new, t, beta2t,
+                       _M_V, _M_VR, _M_ROWTMP, _STREAM_ROW, QUANT)
+    item = tl.load(meta + _M_ITEM0) + j
+    tl.store(ws_ptr + 3 * item, tl.sum(p_acc, axis=0))
+    tl.store(ws_ptr + 3 * item + 2, tl.sum(tl.where(row_mask, r, 0.0), axis=0))
+
+
+@triton.jit
+def _factored_cols_kernel(
+    col_items_ptr,  # int32 [n_col_items, 2]: (tensor index, column block across the matrices)
+    meta_ptr, ws_ptr,
+    eps1, beta2, decay_rate,
+    QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr,
+    BR: tl.constexpr, BCC: tl.constexpr, PR: tl.constexpr, RB: tl.constexpr,
+):
+    k, j, meta = _work_item(col_items_ptr, meta_ptr)
+    R = tl.load(meta + _M_R)
+    C = tl.load(meta + _M_C)
+    nrb = (R + BR - 1) // BR
+    ncb = (C + BCC - 1) // BCC
+    b = j // ncb
+    cb = j - b * ncb
+    cols = cb * BCC + tl.arange(0, BCC)
+    col_mask = cols < C
+    base = ws_ptr + tl.load(meta + _M_COLPART) + (b * nrb).to(tl.int64) * C
+    acc = tl.zeros([BCC], dtype=tl.float32)
+    for r0 in range(0, nrb, PR):
+        prow = r0 + tl.arange(0, PR)
+        mask = (prow < nrb)[:, None] & col_mask[None, :]
+        acc += tl.sum(tl.load(base + prow.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0), axis=0)
+
+    t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
+    beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
+    new = acc / R.to(tl.float32) + eps1
+    _update_factor(meta, ws_ptr, b * C + cols, col_mask, j, new, t, beta2t,
+                   _M_COL, _M_COLR, _M_COLTMP, _STREAM_COL, QUANT)
+
+    if cb == 0:  # one program per matrix also reduces the row statistic's mean
+        item0 = tl.load(meta + _M_ITEM0) + b * nrb
+        s = tl.zeros([RB], dtype=tl.float32)
+        for i0 in range(0, nrb, RB):
+            i = i0 + tl.arange(0, RB)
+            s += tl.load(ws_ptr + 3 * (item0 + i) + 2, mask=i < nrb, other=0.0)
+        tl.store(ws_ptr + tl.load(meta + _M_RMEAN) + b, tl.sum(s, axis=0) / R.to(tl.float32))
+
+
+@triton.jit
+def _row_factors(meta, ws_ptr, b, row_index, row_mask):
+    # rsqrt(r / mean(r)) for the program's rows (padding rows get 0, their g is masked anyway)
+    r = tl.load(ws_ptr + tl.load(meta + _M_ROWTMP) + row_index, mask=row_mask, other=1.0)
+    r_mean = tl.load(ws_ptr + tl.load(meta + _M_RMEAN) + b)
+    return tl.where(row_mask, tl.rsqrt(r / r_mean), 0.0)
+
+
+@triton.jit
+def _factored_rms_kernel(
+    items_ptr, meta_ptr, ws_ptr,
+    ALIGNED: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+):
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    g_ptr, _, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
+    rf = _row_factors(meta, ws_ptr, b, row_index, row_mask)
+    coltmp = ws_ptr + tl.load(meta + _M_COLTMP) + b * C
+    acc = tl.zeros([BR, BC], dtype=tl.float32)
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        col_mask = cols < C
+        mask = row_mask[:, None] & col_mask[None, :]
+        g = tl.load(g_ptr + row_start[:, None] + cols[None, :], mask=mask, other=0.0)
+        cf = tl.rsqrt(tl.load(coltmp + cols, mask=col_mask, other=1.0))
+        u = rf[:, None] * cf[None, :] * g
+        acc += u * u
+    item = tl.load(meta + _M_ITEM0) + j
+    tl.store(ws_ptr + 3 * item + 1, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+@triton.jit
+def _factored_apply_kernel(
+    items_ptr, meta_ptr, ws_ptr,
+    scal_off,       # workspace offset of the per-tensor scalars (alpha, 1/clip, decay, t)
+    beta1,
+    QUANT: tl.constexpr, HAS_M: tl.constexpr, ALIGNED: tl.constexpr,
+    BR: tl.constexpr, BC: tl.constexpr,
+):
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    g_ptr, p_ptr, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
+    rf = _row_factors(meta, ws_ptr, b, row_index, row_mask)
+    coltmp = ws_ptr + tl.load(meta + _M_COLTMP) + b * C
+    scal = ws_ptr + scal_off + 4 * k
+    alpha = tl.load(scal)
+    inv_clip = tl.load(scal + 1)
+    decay = tl.load(scal + 2)
+    t = tl.load(scal + 3)
+    ncb = (C + BC - 1) // BC
+    if HAS_M:
+        if QUANT:
+            mq_addr = tl.load(meta + _M_M)
+            if ALIGNED:
+                mq_addr = tl.multiple_of(mq_addr, 16)
+            mq_ptr = mq_addr.to(tl.pointer_type(tl.uint8))
+            ms_ptr = tl.load(meta + _M_MS).to(tl.pointer_type(tl.float32))
+            seed = _seed(t, tl.load(meta + _M_SALT), _STREAM_M)
+        else:
+            m_addr = tl.load(meta + _M_M)
+            if ALIGNED:
+                m_addr = tl.multiple_of(m_addr, 16)
+            m_ptr = m_addr.to(tl.pointer_type(tl.float32))
+    for c0 in range(0, C, BC):
+        cols = c0 + tl.arange(0, BC)
+        col_mask = cols < C
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = row_start[:, None] + cols[None, :]
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+        cf = tl.rsqrt(tl.load(coltmp + cols, mask=col_mask, other=1.0))
+        u = rf[:, None] * cf[None, :] * g * inv_clip
+        if HAS_M:
+            if QUANT:
+                block = row_index.to(tl.int64) * ncb + c0 // BC      # one absmax per (row, tile)
+                m = _signed_decode(tl.load(mq_ptr + offs, mask=mask, other=0),
+                                   tl.load(ms_ptr + block, mask=row_mask, other=0.0)[:, None])
+                m = tl.where(t > 1.0, m, 0.0)
+                m = beta1 * m + (1.0 - beta1) * u
+                absmax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1)
+                noise = tl.rand(seed, offs.to(tl.int32))
+                tl.store(mq_ptr + offs, _signed_encode(m, absmax[:, None], noise), mask=mask)
+                tl.store(ms_ptr + block, absmax, mask=row_mask)
+            else:
+                m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+                m = beta1 * m + (1.0 - beta1) * u
+                tl.store(m_ptr + offs, m, mask=mask)
+            u = m
+        tl.store(p_ptr + offs, p * decay - alpha * u, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Full (non-factored) tensors: 1-dim params
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2, decay_rate,
+                        QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr):
+    # v' = beta2_t v + (1 - beta2_t) (g^2 + eps1): N1 and N3 run this same code
+    if QUANT:
+        range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
+        lo = tl.load(range_ptr + 2 * blocks, mask=block_mask, other=0.0)[:, None]
+        hi = tl.load(range_ptr + 2 * blocks + 1, mask=block_mask, other=0.0)[:, None]
+        old = _log2_decode(tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8)) + offs, mask=mask, other=0), lo, hi)
+    else:
+        old = tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
+    old = tl.where(t > 1.0, old, 0.0)
+    beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
+    return beta2t * old + (1.0 - beta2t) * (g * g + eps1)
+
+
+@triton.jit
+def _full_rms_kernel(
+    items_ptr,      # int32 [n_items, 2]: (tensor index, chunk of NB * QB elements)
+    meta_ptr, ws_ptr,
+    eps1, beta2, decay_rate,
+    QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr,
+    NB: tl.constexpr, QB: tl.constexpr,
+):
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
+    t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
+    g = tl.load(tl.load(meta + _M_G).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
+    v = _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2, decay_rate,
+                            QUANT, FIXED_BETA2)
+    u = tl.where(mask, g * tl.rsqrt(v), 0.0)
+    item = tl.load(meta + _M_ITEM0) + j
+    tl.store(ws_ptr + 3 * item + 1, tl.sum(tl.sum(u * u, axis=1), axis=0))
+    if SCALE_PARAM:
+        p = tl.load(tl.load(meta + _M_P).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
+        tl.store(ws_ptr + 3 * item, tl.sum(tl.sum(p * p, axis=1), axis=0))
+    else:
+        tl.store(ws_ptr + 3 * item, 0.0)
+
+
+@triton.jit
+def _full_apply_kernel(
+    items_ptr, meta_ptr, ws_ptr,
+    scal_off, eps1, beta2, decay_rate, beta1,
+    QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, HAS_M: tl.constexpr,
+    NB: tl.constexpr, QB: tl.constexpr,
+):
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
+    scal = ws_ptr + scal_off + 4 * k
+    alpha = tl.load(scal)
+    inv_clip = tl.load(scal + 1)
+    decay = tl.load(scal + 2)
+    t = tl.load(scal + 3)
+    salt = tl.load(meta + _M_SALT)
+    g_ptr = tl.load(meta + _M_G).to(tl.pointer_type(tl.float32))
+    p_ptr = tl.load(meta + _M_P).to(tl.pointer_type(tl.float32))
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    v = _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2, decay_rate,
+                            QUANT, FIXED_BETA2)
+    u = g * tl.rsqrt(v) * inv_clip
+    if QUANT:
+        logv = tl.log2(tl.maximum(v, _TINY))
+        lo, hi = _log2_range(logv, mask, 1)
+        noise = tl.rand(_seed(t, salt, _STREAM_V), offs.to(tl.int32))
+        tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8)) + offs, _log2_encode(logv, lo[:, None], hi[:, None], noise), mask=mask)
+        range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
+        tl.store(range_ptr + 2 * blocks, lo, mask=block_mask)
+        tl.store(range_ptr + 2 * blocks + 1, hi, mask=block_mask)
+    else:
+        tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + offs, v, mask=mask)
+    if HAS_M:
+        if QUANT:
+            mq_ptr = tl.load(meta + _M_M).to(tl.pointer_type(tl.uint8))
+            ms_ptr = tl.load(meta + _M_MS).to(tl.pointer_type(tl.float32))
+            m = _signed_decode(tl.load(mq_ptr + offs, mask=mask, other=0),
+                               tl.load(ms_ptr + blocks, mask=block_mask, other=0.0)[:, None])
+            m = tl.where(t > 1.0, m, 0.0)
+            m = beta1 * m + (1.0 - beta1) * u
+            absmax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1)
+            noise = tl.rand(_seed(t, salt, _STREAM_M), offs.to(tl.int32))
+            tl.store(mq_ptr + offs, _signed_encode(m, absmax[:, None], noise), mask=mask)
+            tl.store(ms_ptr + blocks, absmax, mask=block_mask)
+        else:
+            m_ptr = tl.load(meta + _M_M).to(tl.pointer_type(tl.float32))
+            m = beta1 * tl.load(m_ptr + offs, mask=mask, other=0.0) + (1.0 - beta1) * u
+            tl.store(m_ptr + offs, m, mask=mask)
+        u = m
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    tl.store(p_ptr + offs, p * decay - alpha * u, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-tensor scalars
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _finish_kernel(
+    meta_ptr, ws_ptr, scal_off,
+    lr, eps2, clip_threshold, weight_decay,
+    RELATIVE_STEP: tl.constexpr, SCALE_PARAM: tl.constexpr, RB: tl.constexpr,
+):
+    """Per tensor: reduce the item partials of p^2 and u^2, derive alpha, 1/clip and the decay
+    factor for the apply kernels, and advance the step counter (after every kernel that reads it)."""
+    k = tl.program_id(0)
+    meta = meta_ptr + k * NMETA
+    item0 = tl.load(meta + _M_ITEM0)
+    n_items = tl.load(meta + _M_NITEMS)
+    numel = (tl.load(meta + _M_R) * tl.load(meta + _M_C) * tl.load(meta + _M_B)).to(tl.float32)
+    p2 = tl.zeros([RB], dtype=tl.float32)
+    u2 = tl.zeros([RB], dtype=tl.float32)
+    for i0 in range(0, n_items, RB):
+        i = i0 + tl.arange(0, RB)
+        p2 += tl.load(ws_ptr + 3 * (item0 + i), mask=i < n_items, other=0.0)
+        u2 += tl.load(ws_ptr + 3 * (item0 + i) + 1, mask=i < n_items, other=0.0)
+    step_ptr = tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))
+    t = tl.load(step_ptr) + 1.0
+    if RELATIVE_STEP:
+        rho = tl.minimum(lr, tl.rsqrt(t))
+    else:
+        rho = lr + 0.0 * t
+    if SCALE_PARAM:
+        alpha = rho * tl.maximum(eps2, tl.sqrt(tl.sum(p2, axis=0) / numel))
+    else:
+        alpha = rho
+    rms_u = tl.sqrt(tl.sum(u2, axis=0) / numel)
+    scal = ws_ptr + scal_off + 4 * k
+    tl.store(scal, alpha)
+    tl.store(scal + 1, 1.0 / tl.maximum(1.0, rms_u / clip_threshold))
+    tl.store(scal + 2, 1.0 - rho * weight_decay)
+    tl.store(scal + 3, t)
+    tl.store(step_ptr, t)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _decode_log2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(lo + q.float() * ((hi - lo) / 255.0))
+
+
+def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor]:
+    """The fp32 values an 8-bit state stands for, decoded as the kernels decode them, under the
+    names the fp32 state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests."""
+    out: dict[str, torch.Tensor] = {}
+    if "row_q" in state:
+        R, C = param.shape[-2], param.shape[-1]
+        B = param.numel() // (R * C)
+        rng = state["row_range"].view(B, -1, 2)
+        blk = torch.arange(R, device=param.device) // ROW_BLOCK
+        q = state["row_q"].reshape(B, R)
+        out["row"] = _decode_log2(q, rng[:, blk, 0], rng[:, blk, 1]).view(state["row_q"].shape)
+        rng = state["col_range"].view(B, -1, 2)
+        blk = torch.arange(C, device=param.device) // COL_BLOCK
+        q = state["col_q"].reshape(B, C)
+        out["col"] = _decode_log2(q, rng[:, blk, 0], rng[:, blk, 1]).view(state["col_q"].shape)
+    if "v_q" in state:
+        blk = torch.arange(param.numel(), device=param.device) // FLAT_BLOCK
+        rng = state["v_range"]
+        out["v"] = _decode_log2(state["v_q"].reshape(-1), rng[blk, 0], rng[blk, 1]).view(param.shape)
+    if "m_q" in state:
+        q = state["m_q"].reshape(-1).to(torch.int32)
+        if param.ndim >= 2:
+            C = param.shape[-1]
+            absmax = state["m_scale"][:, torch.arange(C, device=param.device) // COL_BLOCK].reshape(-1)
+        else:
+            absmax = state["m_scale"][torch.arange(param.numel(), device=param.device) // FLAT_BLOCK]
+        mag = (q & 127).float() / 127.0
+        out["m"] = (torch.where(q >= 128, -1.0, 1.0) * mag * mag * absmax).view(param.shape)
+    return out
+
+
+
+@dataclass
+class Bucket:
+    factored: bool
+    quant: bool
+    aligned: bool
+    items: tuple[int, int]          # range in the group's item table
+    col_items: tuple[int, int]      # range in the column item table (factored)
+
+
+@dataclass
+class Plan:
+    """One param group's launch tables, reused while its tensors stay the same (``key``)."""
+
+    key: tuple
+    meta: torch.Tensor
+    items: torch.Tensor
+    col_items: torch.Tensor | None
+    buckets: list[Bucket]
+    n_tensors: int
+    n_items: int
+    ws_floats: int
+    scal_off: int
+    config: LaunchConfig
+
+
+def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key: tuple, has_m: bool,
+               device: torch.device, config: LaunchConfig = DEFAULT_LAUNCH) -> Plan:
+    """The launch tables of one group. ``entries``: (param, grad, salt, state) with the state
+    already initialised; tensors are bucketed by kind of work (factored / full x 8-bit / fp32),
+    one launch per bucket, longest rows first for load balance."""
+    flat_chunk = FLAT_BLOCK * config.full.blocks_per_program
+    kinds: dict[tuple[bool, bool], list] = {}
+    for e in entries:
+        p, state = e[0], e[3]
+        quant = "step" in state and ("row_q" in state or "v_q" in state)
+        kinds.setdefault((p.ndim >= 2, quant), []).append(e)
+    meta_rows: list[list[int]] = []
+    items: list[int] = []
+    col_items: list[int] = []
+    buckets: list[Bucket] = []
+    ordered = []
+    for (factored, quant), group_entries in sorted(kinds.items(), key=lambda kv: (not kv[0][0], not kv[0][1])):
+        if factored:
+            group_entries = sorted(group_entries, key=lambda e: -e[0].shape[-1])
+        ordered.append((factored, quant, group_entries))
+    n_items_total = 0
+    for factored, _, group_entries in ordered:
+        n_items_total += sum(
+            (e[0].numel() // (e[0].shape[-2] * e[0].shape[-1])) * _cdiv(e[0].shape[-2], ROW_BLOCK)
+            if factored else _cdiv(e[0].numel(), flat_chunk) for e in group_entries)
+    n_tensors = sum(len(e) for _, _, e in ordered)
+    scal_off = 3 * n_items_total
+    cursor = scal_off + 4 * n_tensors  # rmean, rowtmp, coltmp, colpart follow the scalars
+    offsets: list[dict[str, int]] = []
+    for factored, _, group_entries in ordered:
+        for p, _, _, _ in group_entries:
+            off = {}
+            if factored:
+                R, C = p.shape[-2], p.shape[-1]
+                B = p.numel() // (R * C)
+                for name, n in (("rmean", B), ("rowtmp", B * R), ("coltmp", B * C),
+                                ("colpart", B * _cdiv(R, ROW_BLOCK) * C)):
+                    off[name] = cursor
+                    cursor += n
+            offsets.append(off)
+    ws_floats = cursor
+
+    k = 0
+    item_cursor = 0
+    for factored, quant, group_entries in ordered:
+        first_item, first_col_item = item_cursor, len(col_items) // 2
+        aligned = factored
+        for p, g, salt, state in group_entries:
+            off = offsets[k]
+            if factored:
+                R, C = p.shape[-2], p.shape[-1]
+                B = p.numel() // (R * C)
+                n_items = B * _cdiv(R, ROW_BLOCK)
+                for j in range(B * _cdiv(C, COL_BLOCK)):
+                    col_items += [k, j]
+                v_key, vr_key = ("row_q", "row_range") if quant else ("row", None)
+                c_key, cr_key = ("col_q", "col_range") if quant else ("col", None)
+                aligned = aligned and C % 16 == 0
+            else:
+                R, C, B = p.numel(), 1, 1
+                n_items = _cdiv(p.numel(), flat_chunk)
+                v_key, vr_key = ("v_q", "v_range") if quant else ("v", None)
+                c_key = cr_key = None
+            m_key, ms_key = (("m_q", "m_scale") if quant else ("m", None)) if has_m else (None, None)
+
+            def addr(name, state=state):
+                return state[name].data_ptr() if name else 0
+
+            row = [g.data_ptr(), p.data_ptr(), addr("step"), addr(v_key), addr(vr_key), addr(c_key),
+                   addr(cr_key), addr(m_key), addr(ms_key), R, C, B, item_cursor, n_items,
+                   off.get("colpart", 0), off.get("rowtmp", 0), off.get("coltmp", 0), off.get("rmean", 0), salt]
+            if factored:
+                aligned = aligned and all(a % 16 == 0 for a in row[:2] + [row[7]] if a)
+            meta_rows.append(row)
+            for j in range(n_items):
+                items += [k, j]
+            item_cursor += n_items
+            k += 1
+        buckets.append(Bucket(factored, quant, aligned, (first_item, item_cursor),
+                              (first_col_item, len(col_items) // 2)))
+    return Plan(
+        key=key,
+        meta=upload_int64([v for row in meta_rows for v in row], device).view(n_tensors, NMETA.value),
+        items=upload_int64(items, device).to(torch.int32).view(-1, 2),
+        col_items=upload_int64(col_items, device).to(torch.int32).view(-1, 2) if col_items else None,
+        buckets=buckets, n_tensors=n_tensors, n_items=item_cursor, ws_floats=ws_floats, scal_off=scal_off,
+        config=config,
+    )
+
+
+def launch_step(plan: Plan, group: dict) -> None:
+    """One Adafactor step of a group: K1-K3 / N1 per bucket, K4 once, then K5 / N3 per bucket."""
+    fac, full, fin = plan.config.factored, plan.config.full, plan.config.finish
+    ws = torch.empty(plan.ws_floats, dtype=torch.float32, device=plan.meta.device)
+    eps1, eps2 = (float(e) for e in group["eps"])
+    fixed = group["beta2"] is not None
+    beta2 = float(group["beta2"]) if fixed else 0.0
+    decay_rate = float(group["decay_rate"])
+    scale_param = bool(group["scale_parameter"])
+    has_m = group["beta1"] is not None
+    beta1 = float(group["beta1"]) if has_m else 0.0
+    for b in plan.buckets:
+        items = plan.items[b.items[0]:b.items[1]]
+        n = b.items[1] - b.items[0]
+        if b.factored:
+            _factored_stats_kernel[(n,)](
+                items, plan.meta, ws, eps1, beta2, decay_rate, QUANT=b.quant, FIXED_BETA2=fixed,
+                SCALE_PARAM=scale_param, ALIGNED=b.aligned, BR=ROW_BLOCK, BC=COL_BLOCK, num_warps=fac.num_warps)
+            col_items = plan.col_items[b.col_items[0]:b.col_items[1]]
+            _factored_cols_kernel[(b.col_items[1] - b.col_items[0],)](
+                col_items, plan.meta, ws, eps1, beta2, decay_rate, QUANT=b.quant, FIXED_BETA2=fixed,
+                BR=ROW_BLOCK, BCC=COL_BLOCK, PR=fac.part_rows, RB=fac.reduce_block, num_warps=fac.cols_num_warps)
+            _factored_rms_kernel[(n,)](items, plan.meta, ws, ALIGNED=b.aligned, BR=ROW_BLOCK,
+                                       BC=COL_BLOCK, num_warps=fac.num_warps)
+        else:
+            _full_rms_kernel[(n,)](
+                items, plan.meta, ws, eps1, beta2, decay_rate, QUANT=b.quant, FIXED_BETA2=fixed,
+                SCALE_PARAM=scale_param, NB=full.blocks_per_program, QB=FLAT_BLOCK, num_warps=full.num_warps)
+    _finish_kernel[(plan.n_tensors,)](
+        plan.meta, ws, plan.scal_off, float(group["lr"]), eps2, float(group["clip_threshold"]),
+        float(group["weight_decay"]), RELATIVE_STEP=bool(group["relative_step"]),
+        SCALE_PARAM=scale_param, RB=fin.reduce_block, num_warps=fin.num_warps)
+    for b in plan.buckets:
+        items = plan.items[b.items[0]:b.items[1]]
+        n = b.items[1] - b.items[0]
+        if b.factored:
+            _factored_apply_kernel[(n,)](
+                items, plan.meta, ws, plan.scal_off, beta1, QUANT=b.quant, HAS_M=has_m,
+                ALIGNED=b.aligned, BR=ROW_BLOCK, BC=COL_BLOCK, num_warps=fac.num_warps)
+        else:
+            _full_apply_kernel[(n,)](
+                items, plan.meta, ws, plan.scal_off, eps1, beta2, decay_rate, beta1, QUANT=b.quant,
+                FIXED_BETA2=fixed, HAS_M=has_m, NB=full.blocks_per_program, QB=FLAT_BLOCK, num_warps=full.num_warps)
