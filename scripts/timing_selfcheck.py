@@ -1,44 +1,46 @@
 """Checks the harness's timing loop against triton.testing.do_bench in the same process.
 
-Times torch fused AdamW on single-4096x1024 (ANCHORS.md) alternately with the harness and with
+Times torch fused AdamW on single-4096x1024 alternately with the harness and with
 ``do_bench(..., return_mode="median")`` (both flush L2 between reps), several times each, and
-prints a JSON line with every median and the ratio of the medians of medians. The core issue
-asks for the two within 5%.
+prints a JSON line with every median and the ratio of the medians of medians; exits 1 when
+the two are more than 5% apart.
+
+    python scripts/timing_selfcheck.py
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
+from pathlib import Path
 
-import torch
-import triton
+sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # the probes' shared helper
 
-from kernelbench.harness.stats import summarize
-from kernelbench.harness.timing import TimingConfig, time_cuda
-from kernelbench.ops import get_op
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from kernelbench.ops import get_op  # noqa: E402
+
+from common import device_ms, emit, require_cuda  # noqa: E402
 
 ROUNDS = 5
 
 
 def main() -> int:
+    require_cuda("timing_selfcheck")
     op = get_op("adamw")
     case = op.make_case(op.get_candidate("torch-fused"), op.workload("single-4096x1024"), "cuda", "step")
     harness, do_bench = [], []
     for _ in range(ROUNDS):
-        harness.append(summarize(time_cuda(case.run, case.prepare, TimingConfig()).times).median)
+        harness.append(device_ms(case.run, case.prepare))
         do_bench.append(triton.testing.do_bench(case.run, warmup=25, rep=100, return_mode="median"))
     h, d = statistics.median(harness), statistics.median(do_bench)
-    result = {
-        "what": "torch.optim.AdamW(fused=True) step, single-4096x1024, fp32",
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "harness_median_ms": h, "do_bench_median_ms": d, "ratio": h / d,
-        "harness_medians_ms": harness, "do_bench_medians_ms": do_bench,
-        "within_5_percent": abs(h / d - 1) <= 0.05,
-    }
-    print(json.dumps(result))
-    return 0 if result["within_5_percent"] else 1
+    within = abs(h / d - 1) <= 0.05
+    emit(what="torch.optim.AdamW(fused=True) step, single-4096x1024, fp32",
+         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+         harness_median_ms=h, do_bench_median_ms=d, ratio=h / d,
+         harness_medians_ms=harness, do_bench_medians_ms=do_bench, within_5_percent=within)
+    return 0 if within else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Newton-Schulz (kernelbench.muon) in the Triton interpreter: both paths' math, symmetric-tile
+"""Newton-Schulz (kernelbench.newton_schulz) in the Triton interpreter: both paths' math, symmetric-tile
 coverage, batched and transposed inputs, routing and bad input.
 
 The interpreter's bf16 tl.dot is wrong, so the kernels convert operands to fp32 before tl.dot
@@ -15,15 +15,14 @@ import itertools
 
 import pytest
 import torch
-
-from kernelbench.muon import choose_path, choose_route, newton_schulz, newton_schulz_ref
-from kernelbench.muon import classic, hopper
-from kernelbench.muon.classic import GemmConfig, upper_tiles
-from kernelbench.muon.newton_schulz import NS_COEFFICIENTS, configs_for, sym_tile_count
 from triton.runtime.errors import OutOfResources
 
-# The module, not the function of the same name that kernelbench.muon exports.
-ns_module = importlib.import_module("kernelbench.muon.newton_schulz")
+from kernelbench.newton_schulz import choose_path, choose_route, classic, hopper, newton_schulz, newton_schulz_ref
+from kernelbench.newton_schulz.classic import GemmConfig, upper_tiles
+from kernelbench.newton_schulz.routing import NS_COEFFICIENTS, configs_for, sym_tile_count
+
+# The routing module (MEASURED_ROUTES, the device name lookup).
+ns_module = importlib.import_module("kernelbench.newton_schulz.routing")
 
 PATHS = ("classic", "hopper")
 

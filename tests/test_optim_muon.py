@@ -59,7 +59,7 @@ def test_parity_with_reference_over_20_steps(nesterov):
 
 def test_single_step_math():
     """One step from zero momentum, by hand: buf = (1-m) g; nesterov u = lerp(g, buf, m)."""
-    from kernelbench.muon import newton_schulz
+    from kernelbench.newton_schulz import newton_schulz
 
     gen = torch.Generator().manual_seed(3)
     w = torch.nn.Parameter(torch.randn(48, 16, generator=gen) * 0.02)

@@ -1,14 +1,19 @@
-"""Muon's Newton-Schulz orthogonalisation in Triton (classic and Hopper paths).
+"""Newton-Schulz orthogonalisation (Muon's inner iteration) in Triton: classic and Hopper paths.
 
-    from kernelbench.muon import newton_schulz
+    from kernelbench.newton_schulz import newton_schulz
     X = newton_schulz(G, steps=5, path="auto")   # newton_schulz.last_path / .last_graph: what ran
 
 Importing this package defines Triton kernels: set TRITON_INTERPRET=1 first on a machine
 without a GPU.
 """
 
-from .newton_schulz import (
-    NS_COEFFICIENTS, choose_path, choose_route, clear_graph_cache, newton_schulz, newton_schulz_ref,
+from .routing import (
+    NS_COEFFICIENTS,
+    choose_path,
+    choose_route,
+    clear_graph_cache,
+    newton_schulz,
+    newton_schulz_ref,
 )
 
 __all__ = ["NS_COEFFICIENTS", "choose_path", "choose_route", "clear_graph_cache", "newton_schulz",

@@ -13,8 +13,8 @@ docstring first); what changes is how operands reach shared memory and how tiles
   loads while the current tile's epilogue runs.
 - Warp specialisation: Triton 3.6 offers ``tl.range(..., warp_specialize=True)`` for
   Blackwell only (its persistent-matmul tutorial gates it on capability >= 10), so on sm_90 it
-  is off. The WARP_SPECIALIZE constexpr is kept so a Triton that supports it on Hopper can be
-  tried by ``python scripts/probe_muon.py --sweep``.
+  is off. The WARP_SPECIALIZE constexpr stays so that a Triton supporting it on Hopper can
+  switch it on in one place.
 - The Gram kernels store the direct tile by TMA; the mirrored (transposed) tile is a masked
   pointer store, since TMA stores cannot mask the diagonal block.
 - Shared memory: a persistent kernel keeps the next tile's operand buffers live during the
@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._device import sm_count
 from .classic import GemmConfig, _tile_table, interpreting, launch
 
 # Shared memory one block may use on sm_90 (227 KiB, H100 and H200 alike); read from the device
@@ -63,13 +64,6 @@ def unavailable_reason(device: torch.device, *shapes: tuple[int, ...]) -> str | 
     if cap[0] != 9:
         return f"the Hopper path needs sm_90 (TMA + wgmma), this GPU is sm_{cap[0]}{cap[1]}"
     return None
-
-
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: a few programs, so the persistent loop runs several tiles each
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
@@ -167,7 +161,8 @@ def _hopper_update_kernel(
         rows = off_m + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
         in_range = (rows[:, None] < M) & (cols[None, :] < N)
-        own = tl.load(x_ptr + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + cols[None, :], mask=in_range, other=0.0)
+        own = tl.load(x_ptr + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + cols[None, :],
+                      mask=in_range, other=0.0)
         acc += coef * own.to(tl.float32)
         o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
@@ -219,7 +214,7 @@ def _desc(t: torch.Tensor, rows: int, cols: int):
 
 
 def _grid(work: int, device: torch.device) -> tuple[int, int]:
-    sms = _num_sms(device)
+    sms = sm_count(device)
     return sms, min(sms, work)
 
 

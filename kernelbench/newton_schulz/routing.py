@@ -18,9 +18,9 @@ Per iteration: three launches (Gram, fused polynomial, fused update); per call t
 norm, the normalise-and-transpose into bf16). The Frobenius norm stays on the device. The only
 host sync is the optional finiteness check, made after every kernel is queued.
 
-Small shapes are bound by the host, not the GPU: 17 launches cost ~0.5 ms of Python and driver
-time against ~0.1 ms of GPU work at 1024 x 1024. There each call replays a CUDA graph captured
-once per (shape, dtype, path, stream): see _GraphedCall for what it costs and keeps.
+Small shapes are bound by the host, not the GPU: at 1024 x 1024 the 17 launches take several
+times longer in Python and the driver than the GPU work. There each call replays a CUDA graph
+captured once per (shape, dtype, path, stream): see _GraphedCall for what it costs and keeps.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from .._device import sm_count
 from . import classic
 from .classic import GemmConfig, interpreting
 
@@ -56,8 +57,8 @@ def newton_schulz_ref(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> t
 # stages (3 * (128 + 256) * 64 * 2 B = 144 KiB of shared memory) is the tile that reaches cuBLAS
 # rates on Hopper when there are enough tiles to fill the SMs; smaller tiles trade per-tile
 # efficiency for more tiles, which wins when the big tile leaves SMs idle (n <= 4096).
-# THROUGHPUT is the assumed per-SM rate of each tile relative to the largest: an estimate, to be
-# confirmed by `python scripts/probe_muon.py --sweep` on the GPU.
+# THROUGHPUT is the assumed per-SM rate of each tile relative to the largest: an estimate that
+# picked the fastest (Gram, update) pair of a full sweep on every measured shape.
 TILE_CONFIGS = (
     GemmConfig(128, 256, 64, num_stages=3, num_warps=8),
     GemmConfig(128, 128, 64, num_stages=4, num_warps=8),
@@ -94,33 +95,32 @@ def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[Gemm
     """configs_for on ``device`` (INTERPRETER_CONFIG for both off CUDA)."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG, INTERPRETER_CONFIG
-    return configs_for(m, n, batch, torch.cuda.get_device_properties(device).multi_processor_count)
+    return configs_for(m, n, batch, sm_count(device))
 
 
 # -- routing ------------------------------------------------------------------------------------
-# (device-name fragment, batch, m, n) -> (path, graph), from GPU measurements: the block that
-# `python scripts/probe_muon.py` prints. Every entry below was measured on an NVIDIA H200
-# (triton 3.6.0, torch 2.11.0+cu130, 2026-11-21); each comment gives the route's median time
-# and torch eager's. No other GPU has entries: on an H100, or any shape not listed, the default
-# rule in choose_route applies (Hopper kernels on sm_90, classic elsewhere; a CUDA graph when
-# batch * m * m * n <= GRAPH_MAX_WORK), which picks the same routes as this table does on the
-# H200. The batched rows are Muon's llama-468m calls (bf16 input in the probe).
+# (device-name fragment, batch, m, n) -> (path, graph), measured on the GPU: the block that
+# `python scripts/probes/muon_routes.py` prints (each comment: speed-up over torch eager). Only the
+# H200 has entries (triton 3.6.0, torch 2.11.0+cu130); on an H100, or any shape not listed, the
+# default rule in choose_route applies (Hopper kernels on sm_90, classic elsewhere; a CUDA graph
+# when batch * m * m * n <= GRAPH_MAX_WORK), which picks the same routes as this table does on
+# the H200. The batched rows are Muon's llama-468m calls; results/2026-11-22-h200-ci-suite holds
+# the op's timings.
 MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {
-    ("H200", 1, 1024, 1024): ("hopper", True),  # 0.136 ms, torch-eager 0.406 ms: 2.98x
-    ("H200", 1, 2048, 2048): ("hopper", True),  # 0.498 ms, torch-eager 0.557 ms: 1.12x
-    ("H200", 1, 4096, 4096): ("hopper", False),  # 2.342 ms, torch-eager 3.447 ms: 1.47x
-    ("H200", 1, 8192, 8192): ("hopper", False),  # 17.789 ms, torch-eager 26.011 ms: 1.46x
-    ("H200", 1, 1024, 4096): ("hopper", True),  # 0.240 ms, torch-eager 0.838 ms: 3.50x
-    ("H200", 1, 512, 2048): ("hopper", True),  # 0.122 ms, torch-eager 0.752 ms: 6.18x
-    ("H200", 96, 1024, 1024): ("hopper", False),  # 4.882 ms, torch-eager 7.766 ms: 1.59x
-    ("H200", 48, 1024, 4096): ("hopper", False),  # 6.925 ms, torch-eager 15.793 ms: 2.28x
-    ("H200", 24, 1024, 4096): ("hopper", False),  # 3.499 ms, torch-eager 5.324 ms: 1.52x
+    ("H200", 1, 1024, 1024): ("hopper", True),  # 2.98x
+    ("H200", 1, 2048, 2048): ("hopper", True),  # 1.12x
+    ("H200", 1, 4096, 4096): ("hopper", False),  # 1.47x
+    ("H200", 1, 8192, 8192): ("hopper", False),  # 1.46x
+    ("H200", 1, 1024, 4096): ("hopper", True),  # 3.50x
+    ("H200", 1, 512, 2048): ("hopper", True),  # 6.18x
+    ("H200", 96, 1024, 1024): ("hopper", False),  # 1.59x
+    ("H200", 48, 1024, 4096): ("hopper", False),  # 2.28x
+    ("H200", 24, 1024, 4096): ("hopper", False),  # 1.52x
 }
 
 # Replay a CUDA graph of the whole call (see _GraphedCall) when batch * m * m * n is at most this.
-# Below it a call is bound by the host's kernel launches (17 launches at ~30 us each on the
-# first H200 run, ~0.5 ms, against ~0.1 ms of GPU work at 1024 x 1024); above it the GPU is
-# busy longer than the launches take, so a graph only adds its input copy and output clone.
+# Below it a call is bound by the host's 17 kernel launches; above it the GPU is busy longer
+# than the launches take, so a graph only adds its input copy and output clone.
 GRAPH_MAX_WORK = 2**33  # 2048 x 2048 x 2048
 
 
@@ -129,7 +129,7 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device)
 
 
-def _dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
+def route_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(batch, m, n) with m <= n: the orientation the iteration runs in."""
     batch = shape[0] if len(shape) == 3 else 1
     rows, cols = shape[-2], shape[-1]
@@ -139,7 +139,7 @@ def _dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
 def graph_by_default(shape: tuple[int, ...], device: torch.device | str) -> bool:
     """Whether a call of this shape replays a CUDA graph when ``graph=None`` and no measured
     route says otherwise: on CUDA, for work small enough to be launch-bound."""
-    batch, m, n = _dims(shape)
+    batch, m, n = route_dims(shape)
     return torch.device(device).type == "cuda" and batch * m * m * n <= GRAPH_MAX_WORK
 
 
@@ -148,7 +148,7 @@ def choose_route(shape: tuple[int, ...], device: torch.device | str) -> tuple[st
     device = torch.device(device)
     if device.type != "cuda":
         return ("classic" if interpreting() else "torch"), False
-    batch, m, n = _dims(shape)
+    batch, m, n = route_dims(shape)
     name = _device_name(device)
     for (fragment, bb, mm, nn), route in MEASURED_ROUTES.items():
         if fragment in name and (bb, mm, nn) == (batch, m, n):

@@ -1,6 +1,7 @@
-"""Helpers shared by kernelbench's Triton optimizers (TritonAdamW, AdamMini).
+"""Helpers shared by kernelbench's Triton optimizers (TritonAdamW, AdamMini, Adafactor8bit).
 
-Nothing here defines a Triton kernel, so it can be imported before ``TRITON_INTERPRET`` is decided.
+Import it only from modules that define kernels themselves: ``_aligned`` is a ``triton.jit``
+function, so ``TRITON_INTERPRET`` must be decided before the first import.
 
 * Input checks that name the offending parameter.
 * Launch tables: one int64 tensor per (group, dtype) holding every tensor's address and layout,
@@ -16,9 +17,18 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
+import triton
+import triton.language as tl
+
+# Param / state dtypes of the one-launch-per-group optimizers, and their Triton element types.
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+# Row of a launch table per tensor: 8 int64 = one 64-byte line, so a program's lookups cost one miss.
+TABLE_STRIDE = 8
+TABLE_STRIDE_C = tl.constexpr(TABLE_STRIDE)
 
 
 def interpreting() -> bool:
@@ -84,7 +94,8 @@ def check_param_and_grad(
 def check_same_layout(label: str, param: torch.Tensor, state: torch.Tensor, key: str, who: str) -> None:
     if state.shape != param.shape or (param.numel() > 1 and state.stride() != param.stride()):
         raise RuntimeError(f"{who}: state '{key}' of {label} has shape {tuple(state.shape)} / strides "
-                           f"{state.stride()}, expected those of the parameter {tuple(param.shape)} / {param.stride()}.")
+                           f"{state.stride()}, expected those of the parameter {tuple(param.shape)} / "
+                           f"{param.stride()}.")
     if state.device != param.device:
         raise RuntimeError(f"{who}: state '{key}' of {label} is on {state.device}, the parameter on {param.device}.")
 
@@ -119,3 +130,13 @@ def refuse_rebuild_while_capturing(who: str) -> None:
             "tables would need rebuilding inside the graph. Run one step() before capturing, and keep the "
             "same gradient tensors (zero_grad(set_to_none=False)) inside the graph."
         )
+
+
+@triton.jit
+def _aligned(addr, ptr_ty: tl.constexpr, ALIGNED: tl.constexpr):
+    """An int64 address as a pointer; with ALIGNED, marked 16-byte aligned *after* the cast (a
+    hint on the int64 does not survive int-to-pointer), which lets full blocks use 16-byte vectors."""
+    ptr = addr.to(ptr_ty)
+    if ALIGNED:
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr

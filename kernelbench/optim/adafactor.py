@@ -8,7 +8,8 @@ per-group launch plan's cache, and checkpoints.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

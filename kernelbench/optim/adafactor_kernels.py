@@ -431,7 +431,8 @@ def _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2,
         range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
         lo = tl.load(range_ptr + 2 * blocks, mask=block_mask, other=0.0)[:, None]
         hi = tl.load(range_ptr + 2 * blocks + 1, mask=block_mask, other=0.0)[:, None]
-        old = _log2_decode(tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8)) + offs, mask=mask, other=0), lo, hi)
+        q_ptr = tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8))
+        old = _log2_decode(tl.load(q_ptr + offs, mask=mask, other=0), lo, hi)
     else:
         old = tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
     old = tl.where(t > 1.0, old, 0.0)
@@ -488,7 +489,8 @@ def _full_apply_kernel(
         logv = tl.log2(tl.maximum(v, _TINY))
         lo, hi = _log2_range(logv, mask, 1)
         noise = tl.rand(_seed(t, salt, _STREAM_V), offs.to(tl.int32))
-        tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8)) + offs, _log2_encode(logv, lo[:, None], hi[:, None], noise), mask=mask)
+        q_ptr = tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8))
+        tl.store(q_ptr + offs, _log2_encode(logv, lo[:, None], hi[:, None], noise), mask=mask)
         range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
         tl.store(range_ptr + 2 * blocks, lo, mask=block_mask)
         tl.store(range_ptr + 2 * blocks + 1, hi, mask=block_mask)

@@ -27,7 +27,8 @@ as AdamW's decoupled decay does; and the first moment averages the clipped, unsc
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

@@ -43,14 +43,15 @@ then takes a ticket from an int32 counter with an acq_rel atomic; the program th
 last ticket has run after every read, so it writes step + 1 for each tensor and re-arms the
 ticket to 0 for the next launch. Larger or several launches make one tiny launch first that
 increments every step counter (``increment_steps``), and the update kernels only read them
-(tickets cost 0.35 ms on model-370m's 362K programs). No host synchronisation either way, so
-step() can be captured in a CUDA graph.
+(hundreds of thousands of tickets on one counter cost more than the launch they save). No host
+synchronisation either way, so step() can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +60,11 @@ import triton.language as tl
 
 from ..fast_launch import CachedLauncher
 from ._triton_utils import (
+    SUPPORTED_DTYPES,
+    TABLE_STRIDE,
+    TABLE_STRIDE_C,
+    TL_DTYPE,
+    _aligned,
     check_device_supported,
     check_param_and_grad,
     check_same_layout,
@@ -70,29 +76,23 @@ from ._triton_utils import (
 )
 
 # 1024 elements per program with 4 warps: 8 per thread, two 16-byte fp32 vectors per stream per
-# thread (one for bf16). Measured on an H200 (triton 3.6.0, 2026-11-21, scripts/probe_adam.py):
-# model-370m 2.44 ms = 99.9% of copy bandwidth, 0.825x torch fused (2.96 ms); single-4096x1024
-# 0.0372 ms = 0.596x fused (0.0623 ms). The earlier 4096 / 8 compiled to 174 registers per thread
-# (one program per SM) and gave 2.97 ms and 0.0805 ms; 2048 / 4 and 4096 / 4 gave 2.52 ms on
-# model-370m and 0.081 / 0.071 ms on single-4096x1024. adamw_step_flat uses the same block.
+# thread (one for bf16); larger blocks (4096 / 8 warps) spilled to one program per SM and were
+# slower on both model-370m and single-4096x1024 (results/2026-11-22-h200-ci-suite for the
+# figures of the default). adamw_step_flat uses the same block.
 BLOCK = 1024
 NUM_WARPS = 4
 
-# Row of the launch table per tensor: 8 int64 = one 64-byte line.
-TABLE_STRIDE = 8
-_P, _G, _M, _V, _VMAX, _STEP, _NUMEL, _FIRST = range(TABLE_STRIDE)
+# Columns of a tensor's row in the launch table (TABLE_STRIDE int64).
+_P, _G, _M, _V, _VMAX, _STEP, _NUMEL, _FIRST = (tl.constexpr(i) for i in range(TABLE_STRIDE))
 # Step counters one program of the increment kernel handles.
 STEP_BLOCK = 1024
 # Up to this many programs (8M params at BLOCK 1024) a step's single launch advances the step
-# counters itself, behind one atomic ticket per program: a second launch costs ~12 us of host time
-# (H200 machine, 2026-11-22), as much as the whole update of a 4M-param tensor takes on the GPU,
-# while 8192 atomics on one counter cost a few us spread over the kernel. Larger launches keep the
-# separate increment launch: on model-370m (362K programs) tickets cost 0.35 ms (session 1).
+# counters itself, behind one atomic ticket per program: a second launch costs as much host time
+# as the whole update of a 4M-param tensor takes on the GPU, while 8192 atomics on one counter
+# are spread over the kernel. Larger launches keep the separate increment launch, where
+# model-370m's 362K tickets on one counter would cost more than the launch they save.
 FUSED_INCREMENT_MAX_PROGRAMS = 8192
 
-_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
-TABLE_STRIDE_C = tl.constexpr(TABLE_STRIDE)
 _WHO = "TritonAdamW"
 
 
@@ -180,16 +180,6 @@ def _adamw_block(
 
 
 @triton.jit
-def _aligned(addr, ptr_ty: tl.constexpr, ALIGNED: tl.constexpr):
-    """An int64 address as a pointer; with ALIGNED, marked 16-byte aligned *after* the cast (a
-    hint on the int64 does not survive int-to-pointer), which lets full blocks use 16-byte vectors."""
-    ptr = addr.to(ptr_ty)
-    if ALIGNED:
-        ptr = tl.multiple_of(ptr, 16)
-    return ptr
-
-
-@triton.jit
 def _adamw_group_kernel(
     table_ptr,  # int64: [TABLE_STRIDE values per tensor | n_programs tensor ids]
     n_tensors,
@@ -207,14 +197,14 @@ def _adamw_group_kernel(
     tensor = tl.load(table_ptr + TABLE_STRIDE_C * n_tensors + pid)
     row = table_ptr + tensor * TABLE_STRIDE_C
     ptr_ty: tl.constexpr = tl.pointer_type(DTYPE)
-    p_base = _aligned(tl.load(row + 0), ptr_ty, ALIGNED)
-    g_base = _aligned(tl.load(row + 1), ptr_ty, ALIGNED)
-    m_base = _aligned(tl.load(row + 2), ptr_ty, ALIGNED)
-    v_base = _aligned(tl.load(row + 3), ptr_ty, ALIGNED)
-    vmax_base = _aligned(tl.load(row + 4), ptr_ty, ALIGNED)
-    step_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float32))
-    numel = tl.load(row + 6)
-    first_program = tl.load(row + 7)
+    p_base = _aligned(tl.load(row + _P), ptr_ty, ALIGNED)
+    g_base = _aligned(tl.load(row + _G), ptr_ty, ALIGNED)
+    m_base = _aligned(tl.load(row + _M), ptr_ty, ALIGNED)
+    v_base = _aligned(tl.load(row + _V), ptr_ty, ALIGNED)
+    vmax_base = _aligned(tl.load(row + _VMAX), ptr_ty, ALIGNED)
+    step_ptr = tl.load(row + _STEP).to(tl.pointer_type(tl.float32))
+    numel = tl.load(row + _NUMEL)
+    first_program = tl.load(row + _FIRST)
 
     neg_step_size, inv_bc2_sqrt = _adamw_scalars(step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64,
                                                  INCREMENT_STEPS)
@@ -233,7 +223,7 @@ def _adamw_group_kernel(
         arrived = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if arrived == tl.num_programs(0) - 1:
             for i in range(n_tensors):
-                counter = tl.load(table_ptr + i * TABLE_STRIDE_C + 5).to(tl.pointer_type(tl.float32))
+                counter = tl.load(table_ptr + i * TABLE_STRIDE_C + _STEP).to(tl.pointer_type(tl.float32))
                 tl.store(counter, tl.load(counter) + 1.0)
             tl.atomic_xchg(ticket_ptr, 0, sem="release")
 
@@ -390,7 +380,7 @@ class _LaunchPlan:
     """The device table of one (group, dtype) launch, and its launch arguments."""
 
     table_stride = TABLE_STRIDE
-    step_column = _STEP
+    step_column = _STEP.value
 
     def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
                  states: list[dict], amsgrad: bool) -> None:
@@ -504,10 +494,11 @@ class TritonAdamW(torch.optim.Optimizer):
     def _plan(self, index: int, group: dict, dtype: torch.dtype, params: list[torch.Tensor]) -> _LaunchPlan:
         grads = [p.grad for p in params]
         try:
-            key = tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads)) + (group["amsgrad"],)
+            key = (tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
+                   + (group["amsgrad"],))
         except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
             for p, g in zip(params, grads):
-                check_param_and_grad(self._labels[id(p)], p, g, p.device, _SUPPORTED_DTYPES, _WHO)
+                check_param_and_grad(self._labels[id(p)], p, g, p.device, SUPPORTED_DTYPES, _WHO)
             raise
         plan = self._plans.get((index, dtype))
         if plan is None or plan.key != key:
@@ -528,20 +519,21 @@ class TritonAdamW(torch.optim.Optimizer):
             if plan.launch is None:
                 plan.launch = plan.launchers[flags] = CachedLauncher(
                     _adamw_group_kernel, plan.grid,
-                    DTYPE=_TL_DTYPE[dtype], AMSGRAD=flags[0], MAXIMIZE=flags[1], ALIGNED=plan.aligned,
+                    DTYPE=TL_DTYPE[dtype], AMSGRAD=flags[0], MAXIMIZE=flags[1], ALIGNED=plan.aligned,
                     INV_BC2_FP64=reciprocal_in_fp64(plan.table.device), BLOCK_SIZE=BLOCK, INCREMENT_STEPS=flags[2],
                     num_warps=NUM_WARPS, enable_fp_fusion=False)
             plan.scalars_key = scalars_key
         plan.launch(plan.table, plan.n_tensors, plan.ticket, *plan.scalars)
 
-    def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> _LaunchPlan:
+    def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor],
+                    grads: list[torch.Tensor]) -> _LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)
         device = params[0].device
         check_device_supported(device, _WHO)
         states = []
         for p, g in zip(params, grads):
             label = self._labels[id(p)]
-            check_param_and_grad(label, p, g, device, _SUPPORTED_DTYPES, _WHO)
+            check_param_and_grad(label, p, g, device, SUPPORTED_DTYPES, _WHO)
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=device)

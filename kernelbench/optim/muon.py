@@ -5,7 +5,7 @@ Per 2-D parameter W (rows x cols) with gradient g, in this order:
 
     buf    = lerp(buf, g, 1 - momentum)                    (an EMA of the gradients)
     u      = lerp(g, buf, momentum) if nesterov else buf
-    O      = newton_schulz(u, ns_steps)                    (bf16 iteration, kernelbench.muon)
+    O      = newton_schulz(u, ns_steps)                    (bf16 iteration, kernelbench.newton_schulz)
     W      = W * (1 - lr * weight_decay)                   (decoupled weight decay)
     W      = W - lr * sqrt(max(1, rows / cols)) * O
 
@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
-from kernelbench.muon import newton_schulz, newton_schulz_ref
+from kernelbench.newton_schulz import newton_schulz, newton_schulz_ref
 
 _MUON_DEFAULTS = dict(
     lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5, ns_path="auto", use_muon=True,

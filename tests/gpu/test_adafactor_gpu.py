@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from kernelbench.ops.optim_workloads import model_370m_shapes
 from kernelbench.optim.adafactor import Adafactor8bit
 from kernelbench.optim.adafactor_ref import AdafactorRef
-from kernelbench.ops.optim_workloads import model_370m_shapes
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,8 @@ def run(opt, params, steps, first=0):
     return opt
 
 
-@pytest.mark.parametrize("kw", [{}, {"beta1": 0.9, "weight_decay": 0.1}, {"beta2": 0.99, "relative_step": False, "lr": 1e-3}])
+@pytest.mark.parametrize("kw", [{}, {"beta1": 0.9, "weight_decay": 0.1},
+                                {"beta2": 0.99, "relative_step": False, "lr": 1e-3}])
 def test_fp32_state_matches_reference(kw):
     pr, pt = make_params(SHAPES), make_params(SHAPES)
     run(AdafactorRef(pr, **kw), pr, 20)

@@ -1,6 +1,6 @@
-"""Newton-Schulz and Muon on the GPU: bf16 accuracy of both paths at ANCHORS.md's shapes,
+"""Newton-Schulz and Muon on the GPU: bf16 accuracy of both paths at the muon-ns op's shapes,
 singular-value band, batched input, CUDA-graph replay, Muon step parity.
-Speed: python scripts/probe_muon.py."""
+Speed: `kernelbench run muon-ns`; re-measuring the routes: python scripts/probes/muon_routes.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def hopper_ok():
 @pytest.mark.parametrize("path", ["classic", "hopper", "auto"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_bf16_parity_with_fp32_reference(path, shape):
-    from kernelbench.muon import newton_schulz, newton_schulz_ref
+    from kernelbench.newton_schulz import newton_schulz, newton_schulz_ref
 
     if path == "hopper" and not hopper_ok():
         pytest.skip("the Hopper path needs sm_90")
@@ -39,7 +39,7 @@ def test_bf16_parity_with_fp32_reference(path, shape):
 
 @pytest.mark.parametrize("path", ["classic", "hopper"])
 def test_ill_conditioned_singular_values(path):
-    from kernelbench.muon import newton_schulz, newton_schulz_ref
+    from kernelbench.newton_schulz import newton_schulz, newton_schulz_ref
 
     if path == "hopper" and not hopper_ok():
         pytest.skip("the Hopper path needs sm_90")
@@ -55,7 +55,7 @@ def test_ill_conditioned_singular_values(path):
 
 
 def test_batched_and_transposed_match_one_by_one():
-    from kernelbench.muon import newton_schulz
+    from kernelbench.newton_schulz import newton_schulz
 
     G = torch.randn(4, 1024, 256, device="cuda", dtype=torch.bfloat16)
     batched = newton_schulz(G)
@@ -70,7 +70,7 @@ def test_fp32_input_fits_shared_memory(path, shape):
     """Muon passes fp32 momentum: the last update then stores fp32 tiles, whose epilogue needs
     twice the shared memory of bf16 (the 128x256 Hopper update ran out of it on the H200:
     278552 B needed, 232448 B there). Stages are cut to fit (hopper.stages_that_fit)."""
-    from kernelbench.muon import newton_schulz, newton_schulz_ref
+    from kernelbench.newton_schulz import newton_schulz, newton_schulz_ref
 
     if path == "hopper" and not hopper_ok():
         pytest.skip("the Hopper path needs sm_90")
@@ -103,7 +103,7 @@ def test_muon_step_parity_20_steps():
 @pytest.mark.parametrize("shape", [(1024, 1024), (4096, 1024), (3, 256, 512)], ids=lambda s: "x".join(map(str, s)))
 def test_graph_replay_equals_direct_call(path, shape):
     """Same kernels, so the same bits; each replay reads its own input and returns its own tensor."""
-    from kernelbench.muon import newton_schulz
+    from kernelbench.newton_schulz import newton_schulz
 
     if path == "hopper" and not hopper_ok():
         pytest.skip("the Hopper path needs sm_90")
@@ -120,7 +120,7 @@ def test_graph_replay_equals_direct_call(path, shape):
 
 
 def test_no_graph_of_its_own_inside_a_callers_capture():
-    from kernelbench.muon import newton_schulz
+    from kernelbench.newton_schulz import newton_schulz
 
     G = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
     expected = newton_schulz(G, path="classic", graph=False)

@@ -1,0 +1,81 @@
+"""What every probe shares: the harness's timing loop (CUDA events, cold L2, median), host time
+per call, interleaved candidates, and one JSON line per result.
+
+Probes run from the repository root (``python scripts/probes/<name>.py``) on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# The checkout's kernelbench, also when it is not pip-installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from kernelbench.harness.stats import summarize  # noqa: E402
+from kernelbench.harness.timing import TimingConfig, time_cuda  # noqa: E402
+
+
+def _no_prep() -> None:
+    pass
+
+
+def device_times(fn: Callable[[], object], prepare: Callable[[], None] = _no_prep,
+                 config: TimingConfig = TimingConfig()) -> list[float]:
+    """Per-rep device times (ms) of ``fn`` by the harness's loop."""
+    return time_cuda(fn, prepare, config).times
+
+
+def device_ms(fn: Callable[[], object], prepare: Callable[[], None] = _no_prep,
+              config: TimingConfig = TimingConfig()) -> float:
+    """Median device time (ms) of ``fn`` by the harness's loop."""
+    return summarize(device_times(fn, prepare, config)).median
+
+
+def interleaved_ms(cases: dict[str, Callable[[], object]], rounds: int = 3,
+                   config: TimingConfig = TimingConfig()) -> dict[str, float]:
+    """Median device time (ms) per case, the cases timed in turn ``rounds`` times (A B A B ...)
+    so that drift of clocks or temperature hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            times[name] += device_times(fn, config=config)
+    return {name: summarize(t).median for name, t in times.items()}
+
+
+def host_us(fn: Callable[[], object], calls: int = 200) -> float:
+    """Host microseconds to enqueue one call (back-to-back calls, perf_counter), after a warm-up."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def rel_fro(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error of ``x`` against ``ref``, in fp32."""
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def emit(**row: object) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def require_cuda(who: str) -> torch.device:
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{who} needs a CUDA GPU; none is visible here.")
+    return torch.device("cuda")
