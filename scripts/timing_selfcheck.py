@@ -16,12 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # the probes' shared helper
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from kernelbench.ops import get_op  # noqa: E402
+from kernelbench.ops import get_op
 
-from common import device_ms, emit, require_cuda  # noqa: E402
+from common import device_ms, emit, require_cuda
 
 ROUNDS = 5
 

@@ -15,10 +15,10 @@ from pathlib import Path
 # The checkout's kernelbench, also when it is not pip-installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from kernelbench.harness.stats import summarize  # noqa: E402
-from kernelbench.harness.timing import TimingConfig, time_cuda  # noqa: E402
+from kernelbench.harness.stats import summarize
+from kernelbench.harness.timing import TimingConfig, time_cuda
 
 
 def _no_prep() -> None:

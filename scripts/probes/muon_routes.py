@@ -46,7 +46,7 @@ def measure(shape: tuple[int, ...], device: torch.device) -> dict[tuple[str, boo
         fn = (lambda p=path, g=graph: newton_schulz(G, path=p, graph=g, check_finite=False))
         try:
             outputs[(path, graph)] = fn()
-        except Exception as err:  # noqa: BLE001  (OutOfResources is not a RuntimeError)
+        except Exception as err:  # OutOfResources is not a RuntimeError
             emit(shape=label, path=path, graph=graph, error=first_line(err))
             continue
         if (newton_schulz.last_path, newton_schulz.last_graph) != (path, graph):
