@@ -56,13 +56,17 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(name))
 
 
-def _plain_log_ticks(axis) -> None:
-    """Log-scale ticks as plain numbers (4, 3, 2.5) rather than 4x10^0."""
-    from matplotlib.ticker import LogLocator, ScalarFormatter
+def _plain_log_ticks(axis, minor: bool = True) -> None:
+    """Log-scale ticks as plain numbers (4, 3, 2.5) rather than 4x10^0; minor ones labelled
+    only where the axis spans less than a decade."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     axis.set_major_formatter(ScalarFormatter())
-    axis.set_minor_formatter(ScalarFormatter())
-    axis.set_minor_locator(LogLocator(subs=(0.2, 0.4, 0.6, 0.8)))
+    if minor:
+        axis.set_minor_formatter(ScalarFormatter())
+        axis.set_minor_locator(LogLocator(subs=(0.2, 0.4, 0.6, 0.8)))
+    else:
+        axis.set_minor_formatter(NullFormatter())
 
 
 def _colours(names) -> dict:
@@ -216,8 +220,9 @@ def _sweep_axis(op: str, workloads: list[str]):
 
 
 def plot_sweeps(rows: pd.DataFrame, folder: Path) -> list[Path]:
+    """sweep-<op>-<mode>.png: time, and the share of the binding roofline (copy bandwidth, or
+    the bf16 matmul rate for FLOP-bound ops), against the workload size per candidate."""
     times = rows[(rows["metric"] == "time_median_ms") & (rows["status"] == "ok")].dropna(subset=["value"])
-    pct = rows[rows["metric"] == "pct_copy_bw"].dropna(subset=["value"])
     out = []
     for (op, mode), part in times.groupby(["op", "mode"], sort=False):
         workloads = list(dict.fromkeys(part["workload"]))
@@ -227,28 +232,31 @@ def plot_sweeps(rows: pd.DataFrame, folder: Path) -> list[Path]:
         if axis is None:
             continue
         xs, label = axis
-        has_pct = not pct[(pct["op"] == op) & (pct["mode"] == mode)].empty
-        fig = _figure(9, 7 if has_pct else 4.5)
-        axes = fig.subplots(2 if has_pct else 1, 1, sharex=True, squeeze=False)[:, 0]
+        mine = rows[(rows["op"] == op) & (rows["mode"] == mode)]
+        roof = {m: mine[mine["metric"] == m].dropna(subset=["value"]) for m in ("pct_copy_bw", "pct_matmul")}
+        bound = max((m for m in roof if not roof[m].empty), key=lambda m: roof[m]["value"].median(), default=None)
+        sources = [part] + ([roof[bound]] if bound else [])
+        fig = _figure(9, 7 if bound else 4.5)
+        axes = fig.subplots(len(sources), 1, sharex=True, squeeze=False)[:, 0]
         names = list(dict.fromkeys(part["candidate"]))
         colours = _colours(names)
         for name in names:
-            for ax, source in zip(axes, (part, pct[(pct["op"] == op) & (pct["mode"] == mode)])):
-                mine = source[source["candidate"] == name]
-                # one point per x (the first workload of a size: a headline shape can repeat a sweep point)
-                points = {}
-                for w, v in zip(mine["workload"], mine["value"]):
-                    if w in xs:
+            for ax, source in zip(axes, sources):
+                points: dict = {}
+                for w, v in zip(source.loc[source["candidate"] == name, "workload"],
+                                source.loc[source["candidate"] == name, "value"]):
+                    if w in xs:  # one point per size: a headline shape can repeat a sweep point
                         points.setdefault(xs[w], v)
                 if points:
                     px = sorted(points)
                     ax.plot(px, [points[p] for p in px], marker="o", ms=3.5, color=colours[name], label=name)
         axes[0].set_yscale("log")
+        _plain_log_ticks(axes[0].yaxis, minor=False)
         axes[0].set_ylabel("median ms")
         axes[0].set_title(f"{op} {mode}: sweep")
         axes[0].legend(fontsize=8)
-        if has_pct:
-            axes[1].set_ylabel("% of copy bandwidth")
+        if bound:
+            axes[1].set_ylabel("% of copy bandwidth" if bound == "pct_copy_bw" else "% of bf16 matmul rate")
             axes[1].axhline(100, color="0.3", lw=0.8, ls="--")
         for ax in axes:
             ax.set_xscale("log", base=2)

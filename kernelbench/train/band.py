@@ -33,7 +33,8 @@ def running_loss(losses: np.ndarray, window: int) -> np.ndarray:
     cumsum = np.concatenate([[0.0], np.cumsum(losses)])
     idx = np.arange(1, len(losses) + 1)
     start = np.maximum(idx - window, 0)
-    out = (cumsum[idx] - cumsum[start]) / (idx - start)
+    with np.errstate(invalid="ignore"):  # inf - inf after a diverged step: NaN, set below anyway
+        out = (cumsum[idx] - cumsum[start]) / (idx - start)
     bad = ~np.isfinite(losses)
     if bad.any():
         out[np.argmax(bad):] = np.nan
