@@ -481,7 +481,7 @@ def train_cmd(
         console.print(f"band: reference final loss {band.mean:.4f} +- {band.half_width:.4f} (data orders "
                       + ", ".join(f"{f:.4f}" for f in band.seed_finals) + f"; widened by rtol {settings.rtol:g})")
     render(console, f"train {op}: {settings.model}, {settings.steps} steps", result_table(result))
-    console.print(f"Report: {folder}")
+    console.print(f"Report: {folder} ({result.wall_s:.0f} s, the reference's data orders included)")
     if result.band is None and not result.failures:
         raise _fail("the reference could not run here, so nothing was judged (see its row)", Exit.NOTHING_RAN)
     if result.failures:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -49,6 +50,8 @@ class TrainSettings:
         base = (dict(model="llama-15m", steps=500, batch=32, seq=256) if device == "cuda"
                 else dict(model="llama-tiny", steps=20, batch=4, seq=32))
         base.update({k: v for k, v in given.items() if v is not None})
+        if given.get("seq") is None and base["model"] in CONFIGS:  # a default fits any model
+            base["seq"] = min(base["seq"], CONFIGS[base["model"]].max_seq)
         return cls(device=device, **base)
 
     def validate(self) -> LlamaConfig:
@@ -85,6 +88,7 @@ class TrainResult:
     stats: ChainStats
     band: Band | None
     outcomes: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0  # every run, the reference's seeds included, and the data set-up
 
     @property
     def failures(self) -> list[str]:
@@ -146,6 +150,7 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     progress = on_progress or (lambda text: None)
     device = settings.device
     files = _Files(folder)
+    started = time.perf_counter()
     window = tail_window(settings.steps)
     progress("sampling the token stream on the device")
     stream = MarkovStream(config.vocab_size, n_sequences=settings.steps * settings.batch, seq=settings.seq,
@@ -209,6 +214,7 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
         outcome = _judge(cand, log, result.band, per_step, window, settings, stream.stats)
         result.outcomes.append(outcome)
         _emit_rows(row, cand, outcome, result.band, settings)
+    result.wall_s = time.perf_counter() - started
     files.write_json(_train_doc(op_label, settings, config, stream, result, window, candidates))
     return result
 
@@ -262,6 +268,7 @@ def _train_doc(op_label, settings, config, stream, result: TrainResult, window, 
     band = result.band
     return {
         "op": op_label,
+        "wall_s": result.wall_s,
         "settings": asdict(settings),
         "model": asdict(config) | {"n_params": config.n_params()},
         "data": asdict(stream.stats) | {"empirical_floor": stream.empirical_loss_floor(),
@@ -312,4 +319,5 @@ def result_table(result: TrainResult) -> pd.DataFrame:
             "result": o.status,
             "details": o.message if o.log is None else "",
         })
-    return pd.DataFrame(lines)
+    table = pd.DataFrame(lines)
+    return table.drop(columns="details") if not table.empty and not table["details"].any() else table
