@@ -59,16 +59,17 @@ class MarkovStream:
         self.tokens = self._sample(n_sequences, gen)
 
     def _stationary(self, tol: float = 1e-13, max_iter: int = 10000) -> torch.Tensor:
-        """pi = pi P by the lazy power iteration (converges whether or not the chain is periodic)."""
-        pi = torch.full((self.vocab,), 1.0 / self.vocab, dtype=torch.float64, device=self.device)
-        flat_next, flat_p = self.successors.flatten(), self.probs
+        """pi = pi P by the lazy power iteration (converges whether or not the chain is periodic),
+        on the CPU: vocab x successors terms, and no atomics to make the sums order-dependent."""
+        succ, probs = self.successors.flatten().cpu(), self.probs.cpu()
+        pi = torch.full((self.vocab,), 1.0 / self.vocab, dtype=torch.float64)
         for _ in range(max_iter):
-            moved = torch.zeros_like(pi).index_add_(0, flat_next, (pi[:, None] * flat_p).flatten())
+            moved = torch.zeros_like(pi).index_add_(0, succ, (pi[:, None] * probs).flatten())
             new = 0.5 * (pi + moved)
-            if (new - pi).abs().sum() < tol:  # a host sync per iteration: set-up only
-                return new
+            if (new - pi).abs().sum() < tol:
+                return new.to(self.device)
             pi = new
-        return pi
+        return pi.to(self.device)
 
     def _stats(self) -> ChainStats:
         row_entropy = -(self.probs * self.probs.log()).sum(dim=1)
