@@ -72,8 +72,11 @@ def _plain_log_ticks(axis, minor: bool = True) -> None:
 def _colours(names) -> dict:
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"] if len(names) <= 10 else colormaps["tab20"]
-    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    # tab10 without its grey (the colour of bands and reference lines), tab20 beyond nine names
+    palette = [c for i, c in enumerate(colormaps["tab10"].colors) if i != 7]
+    if len(names) > len(palette):
+        palette = list(colormaps["tab20"].colors)
+    return {n: palette[i % len(palette)] for i, n in enumerate(names)}
 
 
 # ------------------------------------------------------------------------------------------------
