@@ -191,29 +191,28 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
             result.band = band
     per_step = step_band([l.losses for l in ref_logs], settings.rtol, window) if result.band else None
 
-    for i, cand in enumerate(candidates):
-        if i == 0 and not result.band:
-            continue
-        if i > 0:
-            unmet = cand.requires.unmet(device)
-            if unmet:
-                skip_or_error(cand, SKIPPED, unmet)
-                continue
-            if not result.band:
-                skipped = result.outcomes[0].status == SKIPPED
-                skip_or_error(cand, SKIPPED if skipped else ERROR,
-                              f"no band: the reference {'cannot run here' if skipped else 'did not train'} (see its row)")
-                continue
+    def judged(cand: TrainCandidate, log: RunLog) -> None:
+        outcome = _judge(cand, log, result.band, per_step, window, settings, stream.stats)
+        result.outcomes.append(outcome)
+        _emit_rows(row, cand, outcome, settings)
+
+    if result.band:
+        judged(reference, ref_logs[0])
+    for cand in candidates[1:]:
+        unmet = cand.requires.unmet(device)
+        if unmet:
+            skip_or_error(cand, SKIPPED, unmet)
+        elif not result.band:
+            ref_skipped = result.outcomes[0].status == SKIPPED
+            skip_or_error(cand, SKIPPED if ref_skipped else ERROR, "no band: the reference "
+                          + ("cannot run here" if ref_skipped else "did not train") + " (see its row)")
+        else:
             try:
                 log = run(cand, cand.order_seed)
             except Exception as exc:  # noqa: BLE001 - one candidate's crash is its own error row
                 skip_or_error(cand, ERROR, _error_message(exc))
-                continue
-        else:
-            log = ref_logs[0]
-        outcome = _judge(cand, log, result.band, per_step, window, settings, stream.stats)
-        result.outcomes.append(outcome)
-        _emit_rows(row, cand, outcome, result.band, settings)
+            else:
+                judged(cand, log)
     result.wall_s = time.perf_counter() - started
     files.write_json(_train_doc(op_label, settings, config, stream, result, window, candidates))
     return result
@@ -240,7 +239,7 @@ def _judge(cand: TrainCandidate, log: RunLog, band: Band, per_step: StepBand, wi
     return Outcome(cand.name, cand.role, PASS if v.passed else FAIL, message, log, v)
 
 
-def _emit_rows(row, cand: TrainCandidate, outcome: Outcome, band: Band, settings: TrainSettings) -> None:
+def _emit_rows(row, cand: TrainCandidate, outcome: Outcome, settings: TrainSettings) -> None:
     log, v = outcome.log, outcome.verdict
     status = ERROR if v.nonfinite_step is not None and cand.role != ROLE_ANCHOR else OK
     row(cand.name, "final_loss", v.final, "nats", status, f"mean loss over the last {tail_window(settings.steps)} steps")
