@@ -434,6 +434,81 @@ def env(
     console.print(table)
 
 
+@app.command("train")
+def train_cmd(
+    op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op (rmsnorm, rotary).")],
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on the CPU).")] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
+    seq: Annotated[Optional[int], typer.Option("--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the initial weights and of the token stream.")] = 0,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate for every candidate (default: the op's).")] = None,
+    rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on each side.")] = 0.01,
+    ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their spread is the band.")] = 3,
+    model: Annotated[Optional[str], typer.Option("--model", help="A kernelbench.models config (default: llama-15m on CUDA, llama-tiny on the CPU).")] = None,
+    candidate: CandidateOpt = None,
+    state: StateOpt = None,
+    device: DeviceOpt = "auto",
+    output_dir: OutputOpt = None,
+) -> None:
+    """Train a small Llama-style model with every candidate of OP (same weights, same batches) and
+    judge each final loss against the band of the reference's seed-to-seed spread; exit 1 when one fails."""
+    from .harness.envinfo import fingerprint
+    from .harness.runner import resolve_device
+    from .report.console import render
+    from .report.writer import ReportWriter, default_output_dir
+    from .train import TrainSettings, resolve
+    from .train import train as run_training
+    from .train.run import result_table
+
+    with _usage_errors():
+        dev = resolve_device(device)
+        settings = TrainSettings.defaults(dev, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,
+                                          rtol=rtol, ref_seeds=ref_seeds)
+        config = settings.validate()
+        candidates = resolve(op, config, lr=lr, names=candidate, tags={"state": state} if state else {})
+    folder = output_dir or default_output_dir("train", op)
+    writer = ReportWriter(folder, fingerprint(dev, seed), "train")
+    outcome = "interrupted"
+    try:
+        with _progress() as on_progress:
+            result = run_training(op, candidates, settings, writer, folder, on_progress=on_progress)
+        outcome = "complete"
+    finally:
+        writer.close(outcome)
+    console.print(f"data: {result.stats.describe()}")
+    band = result.band
+    if band is not None:
+        console.print(f"band: reference final loss {band.mean:.4f} +- {band.half_width:.4f} (data orders "
+                      + ", ".join(f"{f:.4f}" for f in band.seed_finals) + f"; widened by rtol {settings.rtol:g})")
+    render(console, f"train {op}: {settings.model}, {settings.steps} steps", result_table(result))
+    console.print(f"Report: {folder} ({result.wall_s:.0f} s, the reference's data orders included)")
+    if result.band is None and not result.failures:
+        raise _fail("the reference could not run here, so nothing was judged (see its row)", Exit.NOTHING_RAN)
+    if result.failures:
+        raise _fail("did not train like the reference: " + ", ".join(result.failures), Exit.PARITY_FAILED)
+
+
+@app.command("plot")
+def plot_cmd(
+    report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare --output-dir).")],
+) -> None:
+    """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
+    from .report.plot import INSTALL_HINT, matplotlib_available, write_plots
+
+    if not matplotlib_available():
+        raise _fail(f"plot needs matplotlib: {INSTALL_HINT}")
+    for folder in report_dirs:
+        if not folder.is_dir() or not any((folder / f).is_file() for f in ("results.csv", "compare.csv", "losses.csv")):
+            raise _fail(f"{folder}: not a report folder (accepted: a folder holding results.csv, losses.csv "
+                        "or compare.csv)")
+    for folder in report_dirs:
+        paths = write_plots(folder)
+        if not paths:
+            console.print(f"{folder}: nothing to plot (no speed ratio, sweep, parity, loss or compare rows)")
+        for path in paths:
+            console.print(f"wrote {path}")
+
+
 def main() -> None:  # pragma: no cover - console script entry
     app()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..harness.runner import ROW_FIELDS
+from .plot import plots_markdown
 from .tables import bench_table, parity_table, to_markdown
 
 RESULTS_CSV, RUN_JSON, SUMMARY_MD, JUNIT_XML = "results.csv", "run.json", "summary.md", "junit.xml"
@@ -70,7 +71,7 @@ class ReportWriter:
     def close(self, outcome: str) -> None:
         self.outcome = outcome
         self._write_json()
-        markdown = self.summary_markdown()
+        markdown = self.summary_markdown() + plots_markdown(self.folder, self.frame())
         (self.folder / SUMMARY_MD).write_text(markdown)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:

@@ -1,0 +1,97 @@
+"""What ``kernelbench train OP`` trains: an op's candidates as training runs.
+
+Optimizer ops (adamw, adam-mini, adafactor, muon): every candidate the op registers, built by its
+own factory from the model's named parameters and the op's hyperparameters, so a new optimizer
+candidate is trained without a change here. Model-shape hyperparameters that the op's workloads
+declare (Adam-mini's ``dim``, ``n_heads``, ``n_kv_heads``) come from the model's configuration.
+Candidates marked ``parity=False`` compute another algorithm (AdamW beside Adam-mini): they are
+trained as anchors and not judged.
+
+Layer ops (rmsnorm, rotary): the model built with each layer set (``torch``, the reference;
+``kernelbench``, our Triton kernels; ``liger`` where installed), all trained by torch's AdamW.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Mapping, Sequence
+
+import torch
+
+from ..models import LlamaConfig
+from ..ops import get_op
+from ..ops.base import Requires, UsageError, unknown_name_error
+from .loop import ROLE_ANCHOR, ROLE_CANDIDATE, ROLE_REFERENCE, TrainCandidate
+
+LAYER_OPS = ("rmsnorm", "rotary")
+LAYER_OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
+
+
+def _model_shape(config: LlamaConfig) -> dict[str, int]:
+    return {"dim": config.hidden, "n_heads": config.n_heads, "n_kv_heads": config.n_kv_heads}
+
+
+def _declared_shape_keys(op) -> set[str]:
+    keys: set[str] = set()
+    for workload in op.workloads.values():
+        keys |= set(workload.spec.get("hyperparams", {}))
+    for cand in op.candidates.values():
+        params = inspect.signature(cand.build).parameters
+        keys |= {k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return keys
+
+
+def _torch_adamw(named_params, **hp):
+    fused = all(p.device.type == "cuda" for _, p in named_params)
+    return torch.optim.AdamW([p for _, p in named_params], fused=fused or None, **hp)
+
+
+def _layer_candidates(op_name: str, lr: float | None) -> list[TrainCandidate]:
+    hp = {**LAYER_OPTIMIZER, **({"lr": lr} if lr is not None else {})}
+    return [
+        TrainCandidate("torch", _torch_adamw, hp, layers="torch", role=ROLE_REFERENCE,
+                       doc="torch.nn.RMSNorm and the eager rotary (Hugging Face's)"),
+        TrainCandidate("kernelbench", _torch_adamw, hp, layers="kernelbench", impl="triton",
+                       requires=Requires(triton=True),
+                       doc=f"kernelbench's Triton RMSNorm (fused residual add) and rotary, for {op_name}"),
+        TrainCandidate("liger", _torch_adamw, hp, layers="liger",
+                       requires=Requires(cuda=True, triton=True, packages=("liger_kernel",)),
+                       doc="liger-kernel's RMSNorm and rotary"),
+    ]
+
+
+def resolve(op_name: str, config: LlamaConfig, *, lr: float | None = None, names: Sequence[str] | None = None,
+            tags: Mapping[str, str] | None = None) -> list[TrainCandidate]:
+    """The reference first, then the candidates to train (``names`` or ``tags`` select, as in
+    ``run``); the reference is always included, since its seeds make the band."""
+    op = get_op(op_name)
+    if op.name in LAYER_OPS:
+        every = _layer_candidates(op.name, lr)
+        if tags:
+            raise UsageError(f"op '{op.name}' has no option --{next(iter(tags))} under train")
+        if names:
+            known = {c.name: c for c in every}
+            for n in names:
+                if n not in known:
+                    raise unknown_name_error(f"train candidate of op '{op.name}'", n, known)
+            every = [c for c in every if c.role == ROLE_REFERENCE or c.name in names]
+        return every
+    if op.kind != "optimizer":
+        raise UsageError(f"train: op '{op.name}' is neither an optimizer op nor a model layer; "
+                         f"train accepts optimizer ops and {', '.join(LAYER_OPS)}")
+    if not isinstance(op.reference, str):
+        raise UsageError(f"train: op '{op.name}' has no reference candidate to make the band")
+    shape = _model_shape(config)
+    hp = dict(op.hyperparams)
+    hp.update({k: v for k, v in shape.items() if k in _declared_shape_keys(op)})
+    if lr is not None:
+        hp["lr"] = lr
+    chosen = op.select(names, tags)
+    ref = op.get_candidate(op.reference)
+    ordered = [ref] + [c for c in chosen if c.name != ref.name]
+    out = []
+    for cand in ordered:
+        role = ROLE_REFERENCE if cand is ref else ROLE_CANDIDATE if cand.parity else ROLE_ANCHOR
+        out.append(TrainCandidate(cand.name, cand.build, dict(hp), requires=cand.requires, role=role,
+                                  doc=cand.doc))
+    return out
