@@ -245,7 +245,9 @@ def partition_param(name: str, param: torch.Tensor, *, dim: int = 2048, n_heads:
                 kind, reason = "row", f"name contains {hit!r} ({set_name}): {_WHY[set_name]}"
                 break
     if kind is None:
-        if fallback == "structure" and param.dim() == 2:
+        if "norm" in lname or "ln" in lname:
+            kind, reason = "tensor", "norm (no name set): one block per tensor"
+        elif fallback == "structure" and param.dim() == 2:
             kind, reason = "row", "unrecognised name, 2-D, fallback='structure': one block per row"
         else:
             kind, reason = "tensor", "unrecognised name: one block per tensor (the official default)"
