@@ -808,7 +808,7 @@ class AdamMini(torch.optim.Optimizer):
             warnings.warn(f"{_WHO}: {len(unmatched)} 2-D parameters matched no name set and got one block per "
                           f"tensor, as official adam-mini does: {shown}. To change that, add their names to a name "
                           "set (optimizer.mlp_names.add('c_fc')) before the first step, pass rules=[Rule(...)] or "
-                          "preset='gpt2', or fallback='structure' (2-D: one block per row).", UserWarning, stacklevel=3)
+                          "preset='gpt2', or fallback='structure' (2-D: one block per row).", UserWarning, stacklevel=4)
 
     def _shape_of(self, p_id: int) -> tuple[int, ...]:
         for group in self.param_groups:
