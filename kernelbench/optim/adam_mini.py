@@ -11,16 +11,22 @@ partition below) with |B| elements and step t:
 
 A block of one element is Adam (used for biases, state key ``v`` as in the official code).
 
-Partition (the official adam-mini 1.1.1's, tested in its order on the lower-cased name, after
-any user ``rules``): ``bias`` -> Adam; ``q_proj k_proj wq wk query key`` -> one block per head of
-``dim * dim / n_heads`` elements; ``embed embd wte``, ``lm_head output final_layer``,
-``v_proj wv value``, ``o_proj wo attn.proj``, ``feed_forward linear mlp`` -> one block per row;
-names with ``norm`` or ``ln`` -> one block per tensor. Names matching none of these fall back to
-structure: 2-D -> one block per row, otherwise one per tensor. No weight decay on names containing
-``norm``, ``ln`` or ``bias`` (as the official code). ``partition_report()`` lists every decision.
+Partition (``adam_mini_partition``): the official adam-mini 1.1.1's by default, for every name,
+from the name sets the optimizer exposes as attributes (``optimizer.wqk_names.add("c_attn")``),
+read at the first step: ``adam_block_names`` (bias) -> Adam; ``wqk_names`` -> one block per head
+of ``dim * dim / n_heads`` elements; ``embd_names``, ``output_names``, ``wv_names``,
+``attn_proj_names``, ``mlp_names`` -> one block per row; anything else (norms, and names the
+official code does not know) -> one block per tensor, or with ``fallback="structure"`` 2-D one
+block per row. User ``rules`` and ``preset`` rules ("gpt2": Conv1D weights one block per output
+column, fused ``c_attn`` q/k per head and v per column, ``wpe`` per row; "fused-qkv": ``qkv_proj``,
+``Wqkv`` [q; k; v] and GPT-NeoX's per-head ``query_key_value``, q/k per head and v per row) are
+tested first. No weight decay on names containing ``norm``, ``ln`` or ``bias`` (as the official
+code). A parameter under several names (tied embeddings) has one state. ``partition_report()``
+lists every decision. A parameter is one or more *segments* (a fused q/k/v weight: q heads, k
+heads, v rows), each a launch-table row of its own.
 
-Kernels. Every block is a contiguous run of the flattened parameter, so a launch takes all
-parameters of a group that share a block length L (a compile-time constant, so loads vectorise):
+Kernels. Every block of a runs segment is a contiguous run of the flattened parameter, so a
+launch takes all segments of a group that share a block length L (a compile-time constant, so loads vectorise):
 * L <= 2048 (rows of 1024, norms, biases): ``_adam_mini_rows_kernel``, one pass. A program holds
   ROWS >= 2 whole blocks (ROWS * next_pow2(L) <= 4096 elements) in registers: it reads g, reduces
   mean(g^2) per block, updates vmean, then reads p and m and writes them. 20 bytes per parameter
@@ -45,6 +51,11 @@ same bits as torch's cast. Adam blocks
 is always fp32. The update of a step uses the unrounded new m; only the stored m is rounded.
 fp8 needs sm_89+ on the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16
 with one warning naming the reason. In the interpreter (CPU) fp8 runs as described above.
+
+Strided segments (Conv1D columns, the official rule for 3-D+ weights in a row set) are stepped
+by PyTorch ops, the same math per segment, m in fp32 or bf16 (bf16 under fp8 too), not by the
+kernels. Parameters under ``min_8bit_size`` elements (4096) keep fp32 m under bf16 / fp8 state,
+as bitsandbytes' min_8bit_size does: a 512-element norm in e4m3 saves 1.5 KB and costs 2-5%.
 
 Telemetry. Each program writes max|update| and max|m| of its elements to a small device buffer
 every step (no host sync); ``telemetry()`` reduces them per parameter on demand.
