@@ -78,12 +78,15 @@ def test_default_partition_equals_official(model):
     assert_close(ours, theirs)
 
 
-def test_one_d_parameter_in_a_row_set_gets_one_block():
-    """T5's final_layer_norm and Phi's final_layernorm contain 'final_layer' (output_names); the
-    official code fails on such a 1-D parameter, ours gives it one block per tensor and says so."""
-    opt = AdamMini(named([("encoder.final_layer_norm.weight", (16,))]), verbose=False)
-    row = opt.partition_report()[0]
-    assert (row["kind"], row["n_blocks"], row["weight_decay"]) == ("tensor", 1, 0.0) and "1-D" in row["reason"]
+def test_one_d_and_three_d_parameters_in_a_row_set():
+    """The official code fails on a 1-D parameter matched by a row set (T5's final_layer_norm and
+    Phi's final_layernorm contain 'final_layer') and on a 3-D+ one; ours gives the first one block
+    per tensor and the second one block per index of dim 0, and says so."""
+    opt = AdamMini(named([("encoder.final_layer_norm.weight", (16,)), ("mlp.conv.weight", (4, 3, 5))]), verbose=False)
+    report = {r["name"]: r for r in opt.partition_report()}
+    norm, conv = report["encoder.final_layer_norm.weight"], report["mlp.conv.weight"]
+    assert (norm["kind"], norm["n_blocks"], norm["weight_decay"]) == ("tensor", 1, 0.0) and "1-D" in norm["reason"]
+    assert (conv["kind"], conv["n_blocks"], conv["block_len"]) == ("row", 4, 15) and "3-D" in conv["reason"]
 
 
 def test_name_sets_change_the_partition_until_the_first_step():

@@ -52,10 +52,11 @@ is always fp32. The update of a step uses the unrounded new m; only the stored m
 fp8 needs sm_89+ on the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16
 with one warning naming the reason. In the interpreter (CPU) fp8 runs as described above.
 
-Strided segments (Conv1D columns, the official rule for 3-D+ weights in a row set) are stepped
+Strided segments (Conv1D columns) are stepped
 by PyTorch ops, the same math per segment, m in fp32 or bf16 (bf16 under fp8 too), not by the
 kernels. Parameters under ``min_8bit_size`` elements (4096) keep fp32 m under bf16 / fp8 state,
-as bitsandbytes' min_8bit_size does: a 512-element norm in e4m3 saves 1.5 KB and costs 2-5%.
+as bitsandbytes' min_8bit_size does: a norm's whole-tensor block in e4m3 saves a few hundred
+bytes for a visible error.
 
 Telemetry. Each program writes max|update| and max|m| of its elements to a small device buffer
 every step (no host sync); ``telemetry()`` reduces them per parameter on demand.
@@ -811,22 +812,15 @@ class AdamMini(torch.optim.Optimizer):
             _LOG.warning("%s: no parameter name matched %s; if this is a Transformer, add the names of those layers "
                          "before the first step, e.g. optimizer.%s.add('<part of their name>').", _WHO, ", ".join(missing),
                          missing[0])
+        ranks = {id(p): p.dim() for group in self.param_groups for p in group["params"]}
         unmatched = [part.name for p_id, part in parts.items()
-                     if part.reason.startswith("unrecognised name") and part.kind == "tensor"
-                     and len(self._shape_of(p_id)) == 2]
+                     if part.reason.startswith("unrecognised name") and part.kind == "tensor" and ranks[p_id] == 2]
         if unmatched and self.fallback == "official":
             shown = ", ".join(unmatched[:8]) + (f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else "")
             warnings.warn(f"{_WHO}: {len(unmatched)} 2-D parameters matched no name set and got one block per "
                           f"tensor, as official adam-mini does: {shown}. To change that, add their names to a name "
                           "set (optimizer.mlp_names.add('c_fc')) before the first step, pass rules=[Rule(...)] or "
                           "preset='gpt2', or fallback='structure' (2-D: one block per row).", UserWarning, stacklevel=4)
-
-    def _shape_of(self, p_id: int) -> tuple[int, ...]:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) == p_id:
-                    return tuple(p.shape)
-        return ()
 
     # -- reports --------------------------------------------------------------------------------
     def partition_report(self) -> list[dict[str, Any]]:

@@ -8,8 +8,7 @@ one second moment. Two layouts of segment:
   whole tensor, single elements). The fused Triton kernels step these.
 * strided: columns ``[col_start, col_stop)`` of the parameter seen as (shape[0], -1), viewed as
   ``view`` and reduced over the dims ``reduce`` (columns of a GPT-2 ``Conv1D`` weight, which is
-  stored (in, out); the official rule for a 3-D+ weight, one block per (i, :, j)). A PyTorch path
-  steps these.
+  stored (in, out)). A PyTorch path steps these.
 
 Default rules (the official adam-mini 1.1.1's, so that a partition equals the official's for
 every name), tested on the lower-cased name, a rule matching when one of its names is a substring:
@@ -169,11 +168,8 @@ def _segments(kind: str, name: str, param: torch.Tensor, geo: Geometry) -> tuple
         if param.dim() < 2:
             # the official code fails on a 1-D parameter matched by a row set
             return [_runs("tensor", 0, 1, numel, 0)], f"; {param.dim()}-D, so one block per tensor"
-        if param.dim() == 2:
-            return [_runs("row", 0, shape[0], numel // shape[0], 0)], ""
-        # the official code reduces over dim 1 only: one block per (i, :, j...)
-        return [_strided("row", (0, numel // shape[0]), (shape[0], shape[1], numel // (shape[0] * shape[1])),
-                         (1,), 0)], f"; {param.dim()}-D: one block per (i, :, rest) as the official code"
+        note = "" if param.dim() == 2 else f"; {param.dim()}-D (the official code fails here): one block per index of dim 0"
+        return [_runs("row", 0, shape[0], numel // shape[0], 0)], note
     rows, cols = shape
     hd = geo.head_dim(label)
     q_out, kv_out = geo.n_heads * hd, geo.n_kv_heads * hd
