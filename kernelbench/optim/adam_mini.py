@@ -912,19 +912,24 @@ class AdamMini(torch.optim.Optimizer):
         if not self._frozen:
             self._build_partition()
         launches, by_torch = [], []
+        entries_of = self._entries
         for index, group in enumerate(self.param_groups):
-            by_launch: dict[tuple, list[tuple[torch.Tensor, int]]] = {}
+            by_launch: dict[tuple, tuple[list[torch.Tensor], list[int]]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                entries = self._entries[id(p)]
+                entries = entries_of[id(p)]
                 if entries is None:
                     by_torch.append((p, group))
                     continue
                 for key, segment in entries:
-                    by_launch.setdefault((p.dtype,) + key, []).append((p, segment))
-            for (dtype, block_len, m_dtype), members in by_launch.items():
-                launches.append((self._plan(index, dtype, block_len, m_dtype, members), group, dtype))
+                    members = by_launch.get((p.dtype, key))
+                    if members is None:
+                        members = by_launch[(p.dtype, key)] = ([], [])
+                    members[0].append(p)
+                    members[1].append(segment)
+            for (dtype, (block_len, m_dtype)), (params, segments) in by_launch.items():
+                launches.append((self._plan(index, dtype, block_len, m_dtype, params, segments), group, dtype))
         if launches:
             plans = [plan for plan, _, _ in launches]
             table = self._step_table
@@ -938,9 +943,8 @@ class AdamMini(torch.optim.Optimizer):
             self._torch_step(p, group)
         return loss
 
-    def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str,
-              members: list[tuple[torch.Tensor, int]]) -> _LaunchPlan:
-        params = [p for p, _ in members]
+    def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str, params: list[torch.Tensor],
+              segments: list[int]) -> _LaunchPlan:
         grads = [p.grad for p in params]
         try:
             key = tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
@@ -951,7 +955,7 @@ class AdamMini(torch.optim.Optimizer):
         plan_key = (index, dtype, block_len, m_dtype)
         plan = self._plans.get(plan_key)
         if plan is None or plan.key != key:
-            plan = self._plans[plan_key] = self._build_plan(key, members, grads, m_dtype)
+            plan = self._plans[plan_key] = self._build_plan(key, list(zip(params, segments)), grads, m_dtype)
         return plan
 
     def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype) -> None:
