@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernelbench.harness.timing import TimingConfig, time_cpu, time_cuda  # noqa: E402
-from kernelbench.ops import optim_workloads  # noqa: E402
+from kernelbench.harness.timing import TimingConfig, time_cpu, time_cuda
+from kernelbench.ops import optim_workloads
 
 WORKLOADS = {"llama-468m": optim_workloads.LLAMA_468M, "llama-tiny": optim_workloads.LLAMA_TINY}
 HP = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)

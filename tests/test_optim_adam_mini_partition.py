@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from kernelbench.ops.optim_workloads import gpt2_shapes, fused_qkv_shapes, llama_shapes
+from kernelbench.ops.optim_workloads import fused_qkv_shapes, gpt2_shapes, llama_shapes
 from kernelbench.optim.adam_mini import AdamMini, AdamMiniReference, Rule
 
 HP = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)

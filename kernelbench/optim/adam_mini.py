@@ -67,8 +67,8 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import triton
@@ -78,14 +78,25 @@ from ._triton_utils import (
     check_device_supported,
     check_param_and_grad,
     f64_bits,
+    interpreting,
     log_or_neg_inf,
     refuse_rebuild_while_capturing,
     upload_int64,
 )
-from ._triton_utils import interpreting
 from .adam_mini_partition import (
-    _WEIGHT_KINDS as _WEIGHT_ONLY, FALLBACKS, KINDS, OFFICIAL_NAME_SETS, PRESETS, Partition, Rule, Segment, block_dims,
-    describe, partition_param, region,
+    _WEIGHT_KINDS as _WEIGHT_ONLY,
+)
+from .adam_mini_partition import (
+    FALLBACKS,
+    OFFICIAL_NAME_SETS,
+    PRESETS,
+    Partition,
+    Rule,
+    Segment,
+    block_dims,
+    describe,
+    partition_param,
+    region,
 )
 from .adamw import StepIncrementer, bias_corrections, reciprocal_in_fp64
 
@@ -507,7 +518,6 @@ class AdamMiniReference(torch.optim.Optimizer):
                 self._put_blocks(p, seg, new_p.view(seg.n_blocks, seg.block_len).to(p.dtype))
                 self._put_blocks(m_full, seg, new_m.view(seg.n_blocks, seg.block_len))
                 vm.copy_(new_v)
-        return None
 
 
 class _LaunchPlan:
@@ -578,7 +588,7 @@ class _NameSet(set):
     """One of the official name sets: a plain set of substrings that refuses to change once the
     partition it was read into is in use (after the first step)."""
 
-    def __init__(self, items: Iterable[str], owner: "AdamMini", attr: str) -> None:
+    def __init__(self, items: Iterable[str], owner: AdamMini, attr: str) -> None:
         super().__init__(items)
         self._owner, self._attr = owner, attr
 
@@ -603,10 +613,10 @@ for _method in ("add", "discard", "remove", "pop", "clear", "update", "differenc
 
 
 def _name_set_property(attr: str) -> property:
-    def get(self: "AdamMini") -> set:
+    def get(self: AdamMini) -> set:
         return self._name_sets[attr]
 
-    def set_(self: "AdamMini", value: Iterable[str]) -> None:
+    def set_(self: AdamMini, value: Iterable[str]) -> None:
         if isinstance(value, str):
             raise TypeError(f"{_WHO}: {attr} must be a set of name substrings, got the string {value!r}; "
                             f"use optimizer.{attr}.add({value!r}).")

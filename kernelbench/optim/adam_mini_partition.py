@@ -21,8 +21,8 @@ decay for names containing ``norm``, ``ln`` or ``bias``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -122,7 +122,7 @@ class Partition:
     def strided(self) -> bool:
         return any(s.strided for s in self.segments)
 
-    def same_layout(self, other: "Partition") -> bool:
+    def same_layout(self, other: Partition) -> bool:
         return (self.segments, self.weight_decay) == (other.segments, other.weight_decay)
 
 

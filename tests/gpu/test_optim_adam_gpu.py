@@ -7,7 +7,12 @@ on real hardware, and CUDA-graph capture of step(). Run on the GPU machine:
 import pytest
 import torch
 
-from kernelbench.ops.optim_workloads import fused_qkv_shapes, gpt2_shapes, llama_shapes, model_370m_shapes
+from kernelbench.ops.optim_workloads import (
+    fused_qkv_shapes,
+    gpt2_shapes,
+    llama_shapes,
+    model_370m_shapes,
+)
 
 pytestmark = pytest.mark.gpu
 
