@@ -1,8 +1,12 @@
-"""Adam-mini step (arXiv 2406.16793) on Llama-shaped fp32 params with Hugging Face names.
+"""Adam-mini step (arXiv 2406.16793) on fp32 params with Hugging Face names: Llama, GPT-2
+(Conv1D weights, fused ``c_attn``) and fused q/k/v (Phi-3 ``qkv_proj``, ``Wqkv``, GPT-NeoX
+``query_key_value``).
 
-Candidates: the official adam-mini 1.1.1 package (the reference), torch fused AdamW as the speed
-and memory anchor (it computes AdamW, so it takes no part in parity), and kernelbench's Triton
-AdamMini with fp32 / bf16 / fp8 first-moment state (``--state``).
+Op ``adam-mini``: the official adam-mini 1.1.1 package (the reference), torch fused AdamW as the
+speed and memory anchor (it computes AdamW, so it takes no part in parity), and kernelbench's
+Triton AdamMini with fp32 / bf16 / fp8 first-moment state (``--state``), on official-compatible
+defaults. Op ``adam-mini-preset``: AdamMini under the presets the official package cannot express
+(``gpt2``, ``fused-qkv``), against ``AdamMiniReference``, pure PyTorch over the same partition.
 
 Bytes model per parameter: read p, g, m and write p, m; m is 4 / 2 / 1 bytes by state dtype:
 20 / 16 / 14 bytes (the per-block second moment is negligible). AdamW moves 28.
@@ -13,7 +17,20 @@ from __future__ import annotations
 import torch
 
 from .base import Requires, Tolerance
-from .optim_workloads import LLAMA_468M, LLAMA_TINY
+from .optim_workloads import (
+    FUSED_QKV_470M,
+    FUSED_QKV_470M_PRESET,
+    FUSED_QKV_GQA_TINY,
+    FUSED_QKV_GQA_TINY_PRESET,
+    FUSED_QKV_TINY,
+    FUSED_QKV_TINY_PRESET,
+    GPT2_124M,
+    GPT2_124M_PRESET,
+    GPT2_TINY,
+    GPT2_TINY_PRESET,
+    LLAMA_468M,
+    LLAMA_TINY,
+)
 from .optimizer_op import OptimizerOp
 
 STATE_DTYPES = ("fp32", "bf16", "fp8")
@@ -22,7 +39,7 @@ _BYTES_PER_PARAM = {"fp32": 20, "bf16": 16, "fp8": 14}
 adam_mini = OptimizerOp(
     "adam-mini",
     doc="Adam-mini step, fp32 params; --state picks the first-moment dtype",
-    workloads=[LLAMA_TINY, LLAMA_468M],
+    workloads=[LLAMA_TINY, GPT2_TINY, FUSED_QKV_TINY, FUSED_QKV_GQA_TINY, LLAMA_468M, GPT2_124M, FUSED_QKV_470M],
     speed_anchor="torch-adamw-fused",
     reference="official",
     hyperparams={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1},
@@ -49,11 +66,12 @@ def torch_adamw_fused(named_params, *, lr, betas, eps, weight_decay, **_model_sh
 
 
 def _triton_adam_mini(state_dtype):
-    def build(named_params, *, lr, betas, eps, weight_decay, dim, n_heads, n_kv_heads):
+    def build(named_params, *, lr, betas, eps, weight_decay, dim, n_heads, n_kv_heads, preset=None):
         from kernelbench.optim.adam_mini import AdamMini
 
         return AdamMini(named_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, dim=dim,
-                        n_heads=n_heads, n_kv_heads=n_kv_heads, state_dtype=state_dtype)
+                        n_heads=n_heads, n_kv_heads=n_kv_heads, state_dtype=state_dtype, preset=preset,
+                        verbose=False)
 
     build.__doc__ = f"kernelbench AdamMini, fused Triton kernels, first moment in {state_dtype}."
     return build
@@ -73,3 +91,32 @@ adam_mini.candidate("triton-bf16", requires=Requires(triton=True), tags={"state"
                     tolerance={torch.float32: _BF16_STATE, torch.bfloat16: _BF16_STATE})(_triton_adam_mini("bf16"))
 adam_mini.candidate("triton-fp8", requires=Requires(triton=True), tags={"state": "fp8"},
                     tolerance={torch.float32: _FP8_STATE})(_triton_adam_mini("fp8"))
+
+
+adam_mini_preset = OptimizerOp(
+    "adam-mini-preset",
+    doc="AdamMini under its presets (gpt2, fused-qkv) vs a pure-PyTorch reference of the same partition",
+    workloads=[GPT2_TINY_PRESET, FUSED_QKV_TINY_PRESET, FUSED_QKV_GQA_TINY_PRESET, GPT2_124M_PRESET,
+               FUSED_QKV_470M_PRESET],
+    reference="torch-reference",
+    hyperparams=adam_mini.hyperparams,
+    bytes_per_param=lambda c: _BYTES_PER_PARAM[c.tags.get("state", "fp32")],
+    tag_values={"state": STATE_DTYPES},
+)
+
+
+@adam_mini_preset.candidate("torch-reference", baseline=True, tags={"state": "fp32"})
+def torch_reference(named_params, *, lr, betas, eps, weight_decay, dim, n_heads, n_kv_heads, preset):
+    """AdamMiniReference: each block stepped by adam_mini_block_ref in PyTorch (fp32 state)."""
+    from kernelbench.optim.adam_mini import AdamMiniReference
+
+    return AdamMiniReference(named_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, dim=dim,
+                             n_heads=n_heads, n_kv_heads=n_kv_heads, preset=preset)
+
+
+adam_mini_preset.candidate("triton-fp32", requires=Requires(triton=True), tags={"state": "fp32"})(
+    _triton_adam_mini("fp32"))
+adam_mini_preset.candidate("triton-bf16", requires=Requires(triton=True), tags={"state": "bf16"},
+                           tolerance={torch.float32: _BF16_STATE})(_triton_adam_mini("bf16"))
+adam_mini_preset.candidate("triton-fp8", requires=Requires(triton=True), tags={"state": "fp8"},
+                           tolerance={torch.float32: _FP8_STATE})(_triton_adam_mini("fp8"))

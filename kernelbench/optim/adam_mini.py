@@ -11,16 +11,22 @@ partition below) with |B| elements and step t:
 
 A block of one element is Adam (used for biases, state key ``v`` as in the official code).
 
-Partition (the official adam-mini 1.1.1's, tested in its order on the lower-cased name, after
-any user ``rules``): ``bias`` -> Adam; ``q_proj k_proj wq wk query key`` -> one block per head of
-``dim * dim / n_heads`` elements; ``embed embd wte``, ``lm_head output final_layer``,
-``v_proj wv value``, ``o_proj wo attn.proj``, ``feed_forward linear mlp`` -> one block per row;
-names with ``norm`` or ``ln`` -> one block per tensor. Names matching none of these fall back to
-structure: 2-D -> one block per row, otherwise one per tensor. No weight decay on names containing
-``norm``, ``ln`` or ``bias`` (as the official code). ``partition_report()`` lists every decision.
+Partition (``adam_mini_partition``): the official adam-mini 1.1.1's by default, for every name,
+from the name sets the optimizer exposes as attributes (``optimizer.wqk_names.add("c_attn")``),
+read at the first step: ``adam_block_names`` (bias) -> Adam; ``wqk_names`` -> one block per head
+of ``dim * dim / n_heads`` elements; ``embd_names``, ``output_names``, ``wv_names``,
+``attn_proj_names``, ``mlp_names`` -> one block per row; anything else (norms, and names the
+official code does not know) -> one block per tensor, or with ``fallback="structure"`` 2-D one
+block per row. User ``rules`` and ``preset`` rules ("gpt2": Conv1D weights one block per output
+column, fused ``c_attn`` q/k per head and v per column, ``wpe`` per row; "fused-qkv": ``qkv_proj``,
+``Wqkv`` [q; k; v] and GPT-NeoX's per-head ``query_key_value``, q/k per head and v per row) are
+tested first. No weight decay on names containing ``norm``, ``ln`` or ``bias`` (as the official
+code). A parameter under several names (tied embeddings) has one state. ``partition_report()``
+lists every decision. A parameter is one or more *segments* (a fused q/k/v weight: q heads, k
+heads, v rows), each a launch-table row of its own.
 
-Kernels. Every block is a contiguous run of the flattened parameter, so a launch takes all
-parameters of a group that share a block length L (a compile-time constant, so loads vectorise):
+Kernels. Every block of a runs segment is a contiguous run of the flattened parameter, so a
+launch takes all segments of a group that share a block length L (a compile-time constant, so loads vectorise):
 * L <= 2048 (rows of 1024, norms, biases): ``_adam_mini_rows_kernel``, one pass. A program holds
   ROWS >= 2 whole blocks (ROWS * next_pow2(L) <= 4096 elements) in registers: it reads g, reduces
   mean(g^2) per block, updates vmean, then reads p and m and writes them. 20 bytes per parameter
@@ -46,16 +52,23 @@ is always fp32. The update of a step uses the unrounded new m; only the stored m
 fp8 needs sm_89+ on the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16
 with one warning naming the reason. In the interpreter (CPU) fp8 runs as described above.
 
+Strided segments (Conv1D columns) are stepped
+by PyTorch ops, the same math per segment, m in fp32 or bf16 (bf16 under fp8 too), not by the
+kernels. Parameters under ``min_8bit_size`` elements (4096) keep fp32 m under bf16 / fp8 state,
+as bitsandbytes' min_8bit_size does: a norm's whole-tensor block in e4m3 saves a few hundred
+bytes for a visible error.
+
 Telemetry. Each program writes max|update| and max|m| of its elements to a small device buffer
 every step (no host sync); ``telemetry()`` reduces them per parameter on demand.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import triton
@@ -65,15 +78,29 @@ from ._triton_utils import (
     check_device_supported,
     check_param_and_grad,
     f64_bits,
+    interpreting,
     log_or_neg_inf,
     refuse_rebuild_while_capturing,
     upload_int64,
 )
-from ._triton_utils import interpreting
+from .adam_mini_partition import (
+    _WEIGHT_KINDS as _WEIGHT_ONLY,
+)
+from .adam_mini_partition import (
+    FALLBACKS,
+    OFFICIAL_NAME_SETS,
+    PRESETS,
+    Partition,
+    Rule,
+    Segment,
+    block_dims,
+    describe,
+    partition_param,
+    region,
+)
 from .adamw import StepIncrementer, bias_corrections, reciprocal_in_fp64
 
 STATE_DTYPES = ("fp32", "bf16", "fp8")
-KINDS = ("adam", "head", "row", "tensor")
 # Elements one program holds in registers: 16 per thread at 8 warps (four 16-byte fp32 vectors
 # per stream per thread). Unlike TritonAdamW's kernel (174 registers at 4096 / 8, one program per
 # SM, hence its smaller block), these kernels compile to 40-130 registers at 4096 / 8 (Triton 3.6,
@@ -89,6 +116,7 @@ FORCE_TWO_PASS = False
 E4M3_MAX = 448.0
 
 _WHO = "AdamMini"
+_LOG = logging.getLogger(__name__)
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 _M_FP32, _M_BF16, _M_FP8 = 0, 1, 2
@@ -98,89 +126,6 @@ E4M3_MAX_C = tl.constexpr(E4M3_MAX)
 TABLE_STRIDE = 8
 TABLE_STRIDE_C = tl.constexpr(TABLE_STRIDE)
 _STEP_COLUMN = 5
-
-
-# ---------------------------------------------------------------------------------------------
-# Partition
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """An extra partition rule, tested before the built-in ones, in the order given.
-
-    contains: substring of the lower-cased parameter name.
-    kind: "adam" (one second moment per element), "head" (blocks of dim*dim/n_heads elements),
-        "row" (one per index of dim 0), "tensor" (one per tensor).
-    weight_decay: True / False to force, None for the default (none on norm / ln / bias names).
-    """
-
-    contains: str
-    kind: str
-    weight_decay: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"Rule({self.contains!r}): kind {self.kind!r} is not one of {', '.join(KINDS)}.")
-
-
-# The official adam-mini 1.1.1 name sets, in the order its step() tests them.
-_OFFICIAL_RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("adam", ("bias",), "bias term: full Adam"),
-    ("head", ("k_proj", "q_proj", "wq", "wk", "query", "key"), "query/key: one block per head"),
-    ("row", ("embed", "embd", "wte"), "embedding: one block per token (row)"),
-    ("row", ("lm_head", "output", "final_layer"), "output layer: one block per token (row)"),
-    ("row", ("v_proj", "wv", "value"), "value: one block per output neuron (row)"),
-    ("row", ("o_proj", "wo", "attn.proj"), "attention output: one block per output neuron (row)"),
-    ("row", ("feed_forward", "linear", "mlp"), "MLP: one block per output neuron (row)"),
-    ("tensor", ("norm", "ln"), "norm: one block per tensor"),
-)
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str
-    kind: str
-    block_len: int
-    n_blocks: int
-    weight_decay: bool
-    reason: str
-
-
-def partition_param(name: str, param: torch.Tensor, *, dim: int, n_heads: int,
-                    rules: Sequence[Rule] = ()) -> Partition:
-    lname = name.lower()
-    default_decay = not ("norm" in lname or "ln" in lname or "bias" in lname)
-    kind, reason, decay = None, "", default_decay
-    for rule in rules:
-        if rule.contains in lname:
-            kind, reason = rule.kind, f"user rule contains={rule.contains!r}"
-            decay = default_decay if rule.weight_decay is None else rule.weight_decay
-            break
-    if kind is None:
-        for rule_kind, needles, why in _OFFICIAL_RULES:
-            hit = next((n for n in needles if n in lname), None)
-            if hit is not None:
-                kind, reason = rule_kind, f"name contains {hit!r}: {why}"
-                break
-    if kind is None:
-        kind = "row" if param.dim() == 2 else "tensor"
-        reason = ("unrecognised name, 2-D: one block per row" if kind == "row"
-                  else f"unrecognised name, {param.dim()}-D: one block per tensor")
-    numel = param.numel()
-    if kind == "head":
-        head_numel = dim * dim // n_heads
-        if head_numel <= 0 or numel % head_numel != 0:
-            kind, reason = ("row" if param.dim() >= 2 else "tensor"), (
-                f"{reason}, but numel {numel} is not a multiple of dim*dim/n_heads = {head_numel}; "
-                "fell back to structure")
-        else:
-            return Partition(name, kind, head_numel, numel // head_numel, decay, reason)
-    if kind == "row" and param.dim() < 2:
-        kind, reason = "tensor", f"{reason}, but the parameter is {param.dim()}-D: one block per tensor"
-    if kind == "row":
-        return Partition(name, kind, numel // param.shape[0], param.shape[0], decay, reason)
-    if kind == "adam":
-        return Partition(name, kind, 1, numel, decay, reason)
-    return Partition(name, "tensor", numel, 1, decay, reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,17 +433,104 @@ def adam_mini_block_ref(p, g, m, vmean, step, *, block_len, lr, beta1, beta2, ep
 # ---------------------------------------------------------------------------------------------
 # Optimizer
 # ---------------------------------------------------------------------------------------------
+def _scale_blocks(seg: Segment, tile: int) -> int:
+    """fp8 scale slots of a runs segment: one per block, or one per tile of a longer block."""
+    return seg.n_blocks * (triton.cdiv(seg.block_len, tile) if seg.block_len > tile else 1)
+
+
+def _state_shapes(part: Partition, p: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of m and of vmean (``v`` for Adam) as the official code keeps them, for a parameter
+    of one segment; a parameter of several segments keeps m in its own shape and one flat vmean."""
+    if len(part.segments) > 1 or part.strided:
+        return tuple(p.shape), (part.n_blocks,)
+    seg = part.segments[0]
+    if seg.kind == "adam":
+        return tuple(p.shape), tuple(p.shape)
+    if seg.kind == "tensor":
+        return tuple(p.shape), ()
+    m_shape = (seg.n_blocks, seg.block_len) if seg.kind == "head" else tuple(p.shape)
+    return m_shape, (seg.n_blocks, 1)
+
+
+class AdamMiniReference(torch.optim.Optimizer):
+    """Pure-PyTorch Adam-mini over the same partition as ``AdamMini`` (same constructor keywords;
+    fp32 state): each segment's blocks are gathered into a (n_blocks, block_len) matrix and
+    stepped by ``adam_mini_block_ref``. The reference for presets the official package cannot
+    express."""
+
+    def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
+                 dim=2048, n_heads=32, n_kv_heads=None, rules=None, preset=None, fallback="official", **_ignored):
+        presets = (preset,) if isinstance(preset, str) else tuple(preset or ())
+        rules = tuple(rules or ()) + tuple(r for name in presets for r in PRESETS[name])
+        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        self._parts = {}
+        for n, p in named:
+            self._parts.setdefault(id(p), partition_param(n, p, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                                          rules=rules, fallback=fallback))
+        params = list({id(p): p for _, p in named}.values())
+        groups = [{"params": [p], "weight_decay": weight_decay if _decay_of(self._parts[id(p)].name, p, rules) else 0.0}
+                  for p in params]
+        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @staticmethod
+    def _as_blocks(x: torch.Tensor, seg: Segment) -> torch.Tensor:
+        r = region(x, seg)
+        if not seg.strided:
+            return r.reshape(seg.n_blocks, seg.block_len)
+        kept = [d for d in range(r.dim()) if d not in seg.reduce]
+        return r.permute(*kept, *seg.reduce).reshape(seg.n_blocks, seg.block_len)
+
+    @staticmethod
+    def _put_blocks(x: torch.Tensor, seg: Segment, blocks: torch.Tensor) -> None:
+        r = region(x, seg)
+        if not seg.strided:
+            r.copy_(blocks.view(r.shape))
+            return
+        kept = [d for d in range(r.dim()) if d not in seg.reduce]
+        order = kept + list(seg.reduce)
+        r.permute(*order).copy_(blocks.view([r.shape[d] for d in order]))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            p = group["params"][0]
+            if p.grad is None:
+                continue
+            part = self._parts[id(p)]
+            state = self.state[p]
+            if not state:
+                m_shape, v_shape = _state_shapes(part, p)
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["m"] = torch.zeros(m_shape, dtype=torch.float32, device=p.device)
+                state["v" if part.kind == "adam" else "vmean"] = torch.zeros(v_shape, dtype=torch.float32,
+                                                                             device=p.device)
+            state["step"] += 1
+            step = int(state["step"].item())
+            vmean_flat = (state["v"] if "v" in state else state["vmean"]).view(-1)
+            m_full = state["m"].view(p.shape)
+            beta1, beta2 = group["betas"]
+            for seg in part.segments:
+                vm = vmean_flat[seg.block_offset:seg.block_offset + seg.n_blocks]
+                new_p, new_m, new_v, _ = adam_mini_block_ref(
+                    self._as_blocks(p, seg).float().reshape(-1), self._as_blocks(p.grad, seg).float().reshape(-1),
+                    self._as_blocks(m_full, seg).reshape(-1), vm, step, block_len=seg.block_len, lr=group["lr"],
+                    beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+                self._put_blocks(p, seg, new_p.view(seg.n_blocks, seg.block_len).to(p.dtype))
+                self._put_blocks(m_full, seg, new_m.view(seg.n_blocks, seg.block_len))
+                vm.copy_(new_v)
+
+
 class _LaunchPlan:
-    """Table, telemetry buffer and launch arguments of one launch: params of one group, dtype,
-    block length and state dtype."""
+    """Table, telemetry buffer and launch arguments of one launch: segments of one group's
+    parameters that share a dtype, a block length and a state dtype."""
 
     table_stride = TABLE_STRIDE
     step_column = _STEP_COLUMN
 
-    def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
-                 states: list[dict], parts: list[Partition], m_kind: int, tile: int) -> None:
+    def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict],
+                 segments: list[Segment], scale_offsets: list[int], m_kind: int, tile: int) -> None:
         device = params[0].device
-        block_len = parts[0].block_len
+        block_len = segments[0].block_len
         self.key = key
         self.block_len = block_len
         self.cols = triton.next_power_of_2(block_len)
@@ -509,14 +541,20 @@ class _LaunchPlan:
         program_tensor: list[int] = []
         vector_addresses = []
         self.program_ranges = []
-        for i, (p, g, s, part) in enumerate(zip(params, grads, states, parts)):
+        for i, (p, g, s, seg, scale_offset) in enumerate(zip(params, grads, states, segments, scale_offsets)):
             m = s["m_fp8"] if m_kind == _M_FP8 else s["m"]
-            scale = s["m_scale"] if m_kind == _M_FP8 else s["step"]  # any valid address when unused
-            vmean = s["v"] if part.kind == "adam" else s["vmean"]
-            programs = part.n_blocks if self.per_block else triton.cdiv(part.n_blocks, self.rows)
-            vector_addresses += [p.data_ptr(), g.data_ptr(), m.data_ptr()]
-            table += [p.data_ptr(), g.data_ptr(), m.data_ptr(), scale.data_ptr(), vmean.data_ptr(),
-                      s["step"].data_ptr(), part.n_blocks, len(program_tensor)]
+            vmean = s["v"] if "v" in s else s["vmean"]
+            if m_kind == _M_FP8:
+                scale_addr = s["m_scale"].data_ptr() + 4 * scale_offset
+            else:
+                scale_addr = s["step"].data_ptr()  # any valid address when unused
+            programs = seg.n_blocks if self.per_block else triton.cdiv(seg.n_blocks, self.rows)
+            p_addr = p.data_ptr() + seg.start * p.element_size()
+            g_addr = g.data_ptr() + seg.start * g.element_size()
+            m_addr = m.data_ptr() + seg.start * m.element_size()
+            vector_addresses += [p_addr, g_addr, m_addr]
+            table += [p_addr, g_addr, m_addr, scale_addr, vmean.data_ptr() + 4 * seg.block_offset,
+                      s["step"].data_ptr(), seg.n_blocks, len(program_tensor)]
             self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
             program_tensor.extend([i] * programs)
         self.params = params
@@ -531,14 +569,82 @@ class _LaunchPlan:
         self.scalars: tuple = ()
 
 
+class _StepTable:
+    """Every step counter of one step's launches, each once (a parameter of several segments
+    sits in several table rows but has one counter): what StepIncrementer takes for one plan."""
+
+    table_stride = 1
+    step_column = 0
+
+    def __init__(self, plans: Sequence[_LaunchPlan]) -> None:
+        addresses = list(dict.fromkeys(a for plan in plans for a in plan.step_addresses))
+        self.plans = tuple(plans)
+        self.step_addresses = addresses
+        self.n_tensors = len(addresses)
+        self.table = upload_int64(addresses, plans[0].table.device)
+
+
+class _NameSet(set):
+    """One of the official name sets: a plain set of substrings that refuses to change once the
+    partition it was read into is in use (after the first step)."""
+
+    def __init__(self, items: Iterable[str], owner: AdamMini, attr: str) -> None:
+        super().__init__(items)
+        self._owner, self._attr = owner, attr
+
+    def __reduce__(self):
+        return (set, (list(self),))
+
+
+def _guarded(method_name: str):
+    method = getattr(set, method_name)
+
+    def wrapper(self, *args, **kwargs):
+        self._owner._name_sets_changing(self._attr)
+        return method(self, *args, **kwargs)
+
+    wrapper.__name__ = method_name
+    return wrapper
+
+
+for _method in ("add", "discard", "remove", "pop", "clear", "update", "difference_update", "intersection_update",
+                "symmetric_difference_update", "__ior__", "__iand__", "__isub__", "__ixor__"):
+    setattr(_NameSet, _method, _guarded(_method))
+
+
+def _name_set_property(attr: str) -> property:
+    def get(self: AdamMini) -> set:
+        return self._name_sets[attr]
+
+    def set_(self: AdamMini, value: Iterable[str]) -> None:
+        if isinstance(value, str):
+            raise TypeError(f"{_WHO}: {attr} must be a set of name substrings, got the string {value!r}; "
+                            f"use optimizer.{attr}.add({value!r}).")
+        self._name_sets_changing(attr)
+        self._name_sets[attr] = _NameSet(value, self, attr)
+
+    return property(get, set_, doc=f"The official {attr}: substrings of lower-cased parameter names.")
+
+
 class AdamMini(torch.optim.Optimizer):
-    """Adam-mini with the official 1.1.1 constructor and partition, fused Triton kernels, and a
-    choice of first-moment state dtype.
+    """Adam-mini with the official 1.1.1 constructor, name sets and partition, fused Triton
+    kernels, and a choice of first-moment state dtype.
 
     ``named_parameters``: an iterable of (name, parameter), e.g. ``model.named_parameters()``.
     Parameters are put into two param groups, ``decay`` and ``no_decay`` (each with lr, betas,
     eps, weight_decay, so LR schedulers work). Parameters and gradients must be contiguous
-    (blocks are runs of the flattened tensor); anything else is a clear error.
+    (blocks are runs of the flattened tensor); anything else is a clear error. One parameter
+    object under several names (tied embeddings and output head) has one state; names that would
+    give it different partitions are an error.
+
+    The official name sets are attributes (``embd_names``, ``output_names``, ``wqk_names``,
+    ``wv_names``, ``attn_proj_names``, ``mlp_names``, ``adam_block_names``), read when the
+    partition is built at the first ``step()``; changing one afterwards raises. ``rules`` and
+    ``preset`` ("gpt2", "fused-qkv", or several) add rules tested before the name sets;
+    ``fallback`` decides names that match nothing ("official": one block per tensor;
+    "structure": 2-D one block per row). Parameters under ``min_8bit_size`` elements keep fp32 m
+    under bf16 / fp8 state. ``verbose``: a one-line summary through ``logging`` (logger
+    ``kernelbench.optim.adam_mini``) and warnings about names that matched nothing.
 
     State per parameter: ``step`` (0-d fp32 on the device), ``vmean`` (``v`` for Adam blocks),
     and ``m`` (fp32 / bf16; the official shapes: (n_heads, head_numel) for q/k) or, for fp8,
@@ -553,11 +659,16 @@ class AdamMini(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         *,
+        model_sharding: bool | None = None,
         dim: int = 2048,
         n_heads: int = 32,
         n_kv_heads: int | None = None,
+        verbose: bool = True,
         state_dtype: str = "fp32",
         rules: Sequence[Rule] | None = None,
+        preset: str | Sequence[str] | None = None,
+        fallback: str = "official",
+        min_8bit_size: int = 4096,
     ) -> None:
         if isinstance(lr, torch.Tensor):
             raise TypeError(f"{_WHO}: lr must be a Python float, got a Tensor.")
@@ -567,71 +678,203 @@ class AdamMini(torch.optim.Optimizer):
             raise ValueError(f"Invalid betas: {betas}; each must be in [0, 1).")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if n_kv_heads is not None and n_heads % n_kv_heads != 0:
+        if n_kv_heads is not None and (n_kv_heads <= 0 or n_heads % n_kv_heads != 0):
             raise ValueError(f"{_WHO}: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}).")
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"{_WHO}: state_dtype {state_dtype!r} is not one of {', '.join(STATE_DTYPES)}.")
+        if fallback not in FALLBACKS:
+            raise ValueError(f"{_WHO}: fallback {fallback!r} is not one of {', '.join(FALLBACKS)}.")
+        if not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"{_WHO}: min_8bit_size must be an int >= 0, got {min_8bit_size!r}.")
+        presets = (preset,) if isinstance(preset, str) else tuple(preset or ())
+        for name in presets:
+            if name not in PRESETS:
+                raise ValueError(f"{_WHO}: preset {name!r} is not one of {', '.join(PRESETS)}.")
+        if model_sharding is not None and verbose:
+            warnings.warn(f"{_WHO}: model_sharding is deprecated in adam-mini (since 1.0.2) and ignored here.",
+                          DeprecationWarning, stacklevel=2)
         self.dim, self.n_heads = dim, n_heads
         self.n_kv_heads = n_kv_heads or n_heads
-        self.rules = tuple(rules or ())
+        self.verbose, self.fallback, self.min_8bit_size = verbose, fallback, min_8bit_size
+        self.presets = presets
+        self.rules = tuple(rules or ()) + tuple(r for name in presets for r in PRESETS[name])
+        self._name_sets = {attr: _NameSet(items, self, attr) for attr, items in OFFICIAL_NAME_SETS.items()}
+        self._frozen = False
         named = list(named_parameters)
         if not named or not all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                                 for item in named):
             raise TypeError(f"{_WHO}: named_parameters must be a non-empty iterable of (name, parameter) "
                             "pairs, e.g. model.named_parameters().")
-        named = [(n, p) for n, p in named if p.requires_grad]
-        self._parts = {id(p): partition_param(n, p, dim=dim, n_heads=n_heads, rules=self.rules) for n, p in named}
-        self._names = {id(p): n for n, p in named}
+        # one entry per parameter object, with every name it was given
+        self._all_names: dict[int, list[str]] = {}
+        unique: list[torch.Tensor] = []
+        for n, p in named:
+            if not p.requires_grad:
+                continue
+            if id(p) not in self._all_names:
+                self._all_names[id(p)] = []
+                unique.append(p)
+            self._all_names[id(p)].append(n)
+        if not unique:
+            raise ValueError(f"{_WHO}: no parameter requires grad.")
+        self._names = {id(p): names[0] for p in unique for names in [self._all_names[id(p)]]}
+        decays = {}
+        for p in unique:
+            decays[id(p)] = {_decay_of(n, p, self.rules) for n in self._all_names[id(p)]}
+            if len(decays[id(p)]) > 1:
+                raise ValueError(f"{_WHO}: one parameter is named {' and '.join(map(repr, self._all_names[id(p)]))}, "
+                                 "which get different weight decay; give the names one rule or pass it once.")
         groups = []
         for group_name, decayed in (("decay", True), ("no_decay", False)):
-            params = [p for _, p in named if self._parts[id(p)].weight_decay == decayed]
+            params = [p for p in unique if decays[id(p)] == {decayed}]
             if params:
                 groups.append({"params": params, "name": group_name,
                                "weight_decay": weight_decay if decayed else 0.0})
         super().__init__(groups, dict(lr=float(lr), betas=(float(betas[0]), float(betas[1])), eps=eps,
                                       weight_decay=weight_decay))
-        device = named[0][1].device
+        device = unique[0].device
         self.state_dtype = _resolve_state_dtype(state_dtype, device)
         self._plans: dict[tuple, _LaunchPlan] = {}
+        self._step_table: _StepTable | None = None
         self._tile, self._num_warps = TILE, NUM_WARPS  # fixed for this optimizer's life (fp8 scale blocks)
         if FORCE_TWO_PASS and self.state_dtype == "fp8":
             raise ValueError(f"{_WHO}: FORCE_TWO_PASS is for fp32 / bf16 state only (fp8 scale blocks are TILE long).")
         self._force_two_pass = FORCE_TWO_PASS
         self._increment_steps = StepIncrementer()
-        self._launch_key = {id(p): (self._parts[id(p)].block_len, self._m_dtype_name(self._parts[id(p)]))
-                            for _, p in named}
+        self._parts: dict[int, Partition] | None = None
+
+    embd_names = _name_set_property("embd_names")
+    output_names = _name_set_property("output_names")
+    wqk_names = _name_set_property("wqk_names")
+    wv_names = _name_set_property("wv_names")
+    attn_proj_names = _name_set_property("attn_proj_names")
+    mlp_names = _name_set_property("mlp_names")
+    adam_block_names = _name_set_property("adam_block_names")
+
+    # -- partition ------------------------------------------------------------------------------
+    def _name_sets_changing(self, attr: str) -> None:
+        if self._frozen:
+            raise RuntimeError(f"{_WHO}: {attr} changed after the first step(); the partition was built from the "
+                               "name sets then and the state has its shapes. Change name sets before the first "
+                               "step, or build a new optimizer.")
+        self._parts = None
+
+    def _partition(self) -> dict[int, Partition]:
+        """Every parameter's partition from the current name sets and rules (cached until a set
+        changes)."""
+        if self._parts is not None:
+            return self._parts
+        parts = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                names = self._all_names[id(p)]
+                candidates = [partition_param(n, p, dim=self.dim, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                                              rules=self.rules, name_sets=self._name_sets, fallback=self.fallback)
+                              for n in names]
+                for other in candidates[1:]:
+                    if not candidates[0].same_layout(other):
+                        raise ValueError(
+                            f"{_WHO}: one parameter is named {candidates[0].name!r} ({describe(candidates[0])}) "
+                            f"and {other.name!r} ({describe(other)}); a shared parameter has one state, so both "
+                            "names must give the same partition (add a rule for one of them, or pass it once).")
+                part = candidates[0]
+                parts[id(p)] = Partition(part.name, part.kind, part.segments, part.weight_decay, part.reason,
+                                         tuple(names))
+        self._parts = parts
+        return parts
+
+    def _m_dtype_name(self, part: Partition, p: torch.Tensor) -> str:
+        if self.state_dtype == "fp32" or p.numel() < self.min_8bit_size:
+            return "fp32"
+        if self.state_dtype == "fp8" and (part.kind == "adam" or part.strided):
+            return "bf16"
+        return self.state_dtype
+
+    def _build_partition(self) -> None:
+        """At the first step: fixes the partition, the launch keys and says what was found."""
+        parts = self._partition()
+        self._frozen = True
+        self._entries: dict[int, list[tuple[tuple, int]] | None] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                part = parts[id(p)]
+                m_dtype = self._m_dtype_name(part, p)
+                self._entries[id(p)] = None if part.strided else [
+                    ((seg.block_len, m_dtype), i) for i, seg in enumerate(part.segments)]
+        if self.verbose:
+            self._say_what_was_found(parts)
+
+    def _say_what_was_found(self, parts: dict[int, Partition]) -> None:
+        counts = {attr: 0 for attr in ("embd_names", "output_names", "wqk_names", "wv_names", "attn_proj_names",
+                                       "mlp_names")}
+        for part in parts.values():
+            lname = part.name.lower()
+            if "bias" in lname:
+                continue
+            for attr in counts:
+                counts[attr] += any(n in lname for n in self._name_sets[attr])
+        labels = {"embd_names": "embedding layers", "output_names": "output layers", "wqk_names": "queries and keys",
+                  "wv_names": "values", "attn_proj_names": "attn_proj", "mlp_names": "MLPs"}
+        _LOG.info("%s found %s; state %s", _WHO, ", ".join(f"{counts[a]} {labels[a]}" for a in counts),
+                  self.state_dtype)
+        missing = [a for a, c in counts.items() if c == 0]
+        if missing:
+            _LOG.warning("%s: no parameter name matched %s; if this is a Transformer, add the names of those layers "
+                         "before the first step, e.g. optimizer.%s.add('<part of their name>').", _WHO, ", ".join(missing),
+                         missing[0])
+        ranks = {id(p): p.dim() for group in self.param_groups for p in group["params"]}
+        unmatched = [part.name for p_id, part in parts.items()
+                     if part.reason.startswith("unrecognised name") and part.kind == "tensor" and ranks[p_id] == 2]
+        if unmatched and self.fallback == "official":
+            shown = ", ".join(unmatched[:8]) + (f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else "")
+            warnings.warn(f"{_WHO}: {len(unmatched)} 2-D parameters matched no name set and got one block per "
+                          f"tensor, as official adam-mini does: {shown}. To change that, add their names to a name "
+                          "set (optimizer.mlp_names.add('c_fc')) before the first step, pass rules=[Rule(...)] or "
+                          "preset='gpt2', or fallback='structure' (2-D: one block per row).", UserWarning, stacklevel=4)
 
     # -- reports --------------------------------------------------------------------------------
     def partition_report(self) -> list[dict[str, Any]]:
-        """One row per parameter: name, shape, kind, block length, number of blocks, weight
-        decay, m dtype, and the reason for the partition."""
+        """One row per parameter: name (and every other name it was given), shape, kind, block
+        length (0 when segments differ), number of blocks, the blocks in words, weight decay, m
+        dtype (fp32 under ``min_8bit_size`` elements), whether a PyTorch path steps it (strided
+        blocks), and the reason for the partition."""
+        parts = self._partition()
         rows = []
         for group in self.param_groups:
             for p in group["params"]:
-                part = self._parts[id(p)]
-                rows.append(dict(name=part.name, shape=tuple(p.shape), kind=part.kind, block_len=part.block_len,
-                                 n_blocks=part.n_blocks, weight_decay=group["weight_decay"],
-                                 m_dtype=self._m_dtype_name(part), reason=part.reason))
+                part = parts[id(p)]
+                m_dtype = self._m_dtype_name(part, p)
+                reason = part.reason
+                if m_dtype == "fp32" and self.state_dtype != "fp32":
+                    reason += f"; {p.numel()} < min_8bit_size {self.min_8bit_size} elements: fp32 m"
+                rows.append(dict(name=part.name, names=part.names, shape=tuple(p.shape), kind=part.kind,
+                                 block_len=part.block_len, n_blocks=part.n_blocks, blocks=describe(part),
+                                 weight_decay=group["weight_decay"], m_dtype=m_dtype,
+                                 path="pytorch" if part.strided else "triton", reason=reason))
         return rows
 
     def telemetry(self) -> dict[str, dict[str, Any]]:
-        """Per parameter, from the last step: max |update| and max |m| (0-d device tensors, no
-        sync here), the m state dtype, and for fp8 the largest and smallest scale."""
-        report = {}
+        """Per parameter stepped by the kernels, from the last step: max |update| and max |m|
+        (0-d device tensors, no sync here), the m state dtype, and for fp8 the largest and
+        smallest scale."""
+        report: dict[str, dict[str, Any]] = {}
+        parts = self._partition()
         for plan in self._plans.values():
             for p, (start, end) in zip(plan.params, plan.program_ranges):
-                part = self._parts[id(p)]
-                entry = {"max_update": plan.telemetry[0, start:end].amax(),
-                         "max_m": plan.telemetry[1, start:end].amax(),
-                         "state_dtype": self._m_dtype_name(part)}
+                part = parts[id(p)]
+                max_update = plan.telemetry[0, start:end].amax()
+                max_m = plan.telemetry[1, start:end].amax()
+                entry = report.get(part.name)
+                if entry is not None:  # another segment of the same parameter
+                    entry["max_update"] = torch.maximum(entry["max_update"], max_update)
+                    entry["max_m"] = torch.maximum(entry["max_m"], max_m)
+                    continue
+                entry = {"max_update": max_update, "max_m": max_m, "state_dtype": self._m_dtype_name(part, p)}
                 if "m_scale" in self.state[p]:
                     entry["scale_max"] = self.state[p]["m_scale"].amax()
                     entry["scale_min"] = self.state[p]["m_scale"].amin()
                 report[part.name] = entry
         return report
-
-    def _m_dtype_name(self, part: Partition) -> str:
-        return "bf16" if (self.state_dtype == "fp8" and part.kind == "adam") else self.state_dtype
 
     # -- state ----------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict) -> None:
@@ -649,6 +892,7 @@ class AdamMini(torch.optim.Optimizer):
                     self.state[p][key] = value.to(device=p.device, copy=True)
             self.state[p]["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).reshape(()).to(p.device).clone()
         self._plans.clear()
+        self._step_table = None
 
     def _init_state(self, p: torch.Tensor, part: Partition) -> dict:
         state = self.state[p]
@@ -656,21 +900,16 @@ class AdamMini(torch.optim.Optimizer):
             return state
         device = p.device
         state["step"] = torch.zeros((), dtype=torch.float32, device=device)
-        m_shape = (part.n_blocks, part.block_len) if part.kind == "head" else p.shape
-        m_dtype = self._m_dtype_name(part)
+        m_shape, v_shape = _state_shapes(part, p)
+        m_dtype = self._m_dtype_name(part, p)
         if m_dtype == "fp8":
-            scale_blocks = part.n_blocks * (triton.cdiv(part.block_len, self._tile) if part.block_len > self._tile else 1)
+            scale_blocks = sum(_scale_blocks(seg, self._tile) for seg in part.segments)
             state["m_fp8"] = torch.zeros(m_shape, dtype=torch.float8_e4m3fn, device=device)
             state["m_scale"] = torch.ones(scale_blocks, dtype=torch.float32, device=device)
         else:
             state["m"] = torch.zeros(m_shape, dtype=torch.float32 if m_dtype == "fp32" else torch.bfloat16,
                                      device=device)
-        if part.kind == "adam":
-            state["v"] = torch.zeros(p.shape, dtype=torch.float32, device=device)
-        elif part.kind == "tensor":
-            state["vmean"] = torch.zeros((), dtype=torch.float32, device=device)
-        else:
-            state["vmean"] = torch.zeros((part.n_blocks, 1), dtype=torch.float32, device=device)
+        state["v" if part.kind == "adam" else "vmean"] = torch.zeros(v_shape, dtype=torch.float32, device=device)
         return state
 
     # -- step -----------------------------------------------------------------------------------
@@ -680,22 +919,42 @@ class AdamMini(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        launches = []
+        if not self._frozen:
+            self._build_partition()
+        launches, by_torch = [], []
+        entries_of = self._entries
         for index, group in enumerate(self.param_groups):
-            by_launch: dict[tuple, list[torch.Tensor]] = {}
+            by_launch: dict[tuple, tuple[list[torch.Tensor], list[int]]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                by_launch.setdefault((p.dtype,) + self._launch_key[id(p)], []).append(p)
-            for (dtype, block_len, m_dtype), params in by_launch.items():
-                launches.append((self._plan(index, dtype, block_len, m_dtype, params), group, dtype))
-        self._increment_steps([plan for plan, _, _ in launches])
+                entries = entries_of[id(p)]
+                if entries is None:
+                    by_torch.append((p, group))
+                    continue
+                for key, segment in entries:
+                    members = by_launch.get((p.dtype, key))
+                    if members is None:
+                        members = by_launch[(p.dtype, key)] = ([], [])
+                    members[0].append(p)
+                    members[1].append(segment)
+            for (dtype, (block_len, m_dtype)), (params, segments) in by_launch.items():
+                launches.append((self._plan(index, dtype, block_len, m_dtype, params, segments), group, dtype))
+        if launches:
+            plans = [plan for plan, _, _ in launches]
+            table = self._step_table
+            if table is None or len(table.plans) != len(plans) or any(a is not b for a, b in zip(table.plans, plans)):
+                refuse_rebuild_while_capturing(_WHO)
+                table = self._step_table = _StepTable(plans)
+            self._increment_steps([table])
         for plan, group, dtype in launches:
             self._launch(plan, group, dtype)
+        for p, group in by_torch:
+            self._torch_step(p, group)
         return loss
 
-    def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str,
-              params: list[torch.Tensor]) -> _LaunchPlan:
+    def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str, params: list[torch.Tensor],
+              segments: list[int]) -> _LaunchPlan:
         grads = [p.grad for p in params]
         try:
             key = tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
@@ -706,7 +965,7 @@ class AdamMini(torch.optim.Optimizer):
         plan_key = (index, dtype, block_len, m_dtype)
         plan = self._plans.get(plan_key)
         if plan is None or plan.key != key:
-            plan = self._plans[plan_key] = self._build_plan(key, params, grads, m_dtype)
+            plan = self._plans[plan_key] = self._build_plan(key, list(zip(params, segments)), grads, m_dtype)
         return plan
 
     def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype) -> None:
@@ -731,15 +990,45 @@ class AdamMini(torch.optim.Optimizer):
         kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
         kernel[plan.grid](*plan.scalars, **plan.constexprs)
 
+    def _torch_step(self, p: torch.Tensor, group: dict) -> None:
+        """Parameters with strided blocks (Conv1D columns): the same math in PyTorch ops, per
+        segment, m in fp32 or bf16."""
+        part = self._parts[id(p)]
+        g = p.grad
+        check_param_and_grad(self._label(p), p, g, p.device, _SUPPORTED_DTYPES, _WHO)
+        state = self._init_state(p, part)
+        state["step"].add_(1)
+        beta1, beta2 = group["betas"]
+        t = state["step"].double()
+        inv_bc1 = (1.0 / (1.0 - torch.pow(beta1, t))).float()
+        inv_bc2_sqrt = torch.rsqrt(1.0 - torch.pow(beta2, t)).float()
+        lr, eps = float(group["lr"]), group["eps"]
+        decay = 1.0 - lr * group["weight_decay"]
+        m_full = state["m"]
+        vmean_flat = state["vmean"].view(-1)
+        for seg in part.segments:
+            gr = region(g, seg).float()
+            dims = block_dims(seg)
+            mean_sq = (gr * gr).mean(dim=dims, keepdim=True)
+            vmean = vmean_flat[seg.block_offset:seg.block_offset + seg.n_blocks].view(mean_sq.shape)
+            vmean.mul_(beta2).add_(mean_sq, alpha=1.0 - beta2)
+            step_size = inv_bc1 / (vmean.sqrt() * inv_bc2_sqrt + eps)
+            pr, mr = region(p, seg), region(m_full, seg)
+            m_new = torch.lerp(mr.float(), gr, 1.0 - beta1)
+            pr.copy_(pr.float() * decay - (m_new * step_size) * lr)
+            mr.copy_(m_new)
+
     def _label(self, p: torch.Tensor) -> str:
         return f"parameter '{self._names[id(p)]}' ({'x'.join(map(str, p.shape)) or 'scalar'})"
 
-    def _build_plan(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor], m_dtype: str) -> _LaunchPlan:
+    def _build_plan(self, key: tuple, members: list[tuple[torch.Tensor, int]], grads: list[torch.Tensor],
+                    m_dtype: str) -> _LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)
+        params = [p for p, _ in members]
         device = params[0].device
         check_device_supported(device, _WHO)
-        states, parts = [], []
-        for p, g in zip(params, grads):
+        states, segments, scale_offsets = [], [], []
+        for (p, index), g in zip(members, grads):
             label = self._label(p)
             check_param_and_grad(label, p, g, device, _SUPPORTED_DTYPES, _WHO)
             if not p.is_contiguous() or not g.is_contiguous():
@@ -747,12 +1036,24 @@ class AdamMini(torch.optim.Optimizer):
                                    "of the flattened tensor, so both must be contiguous (call .contiguous()).")
             part = self._parts[id(p)]
             states.append(self._init_state(p, part))
-            parts.append(part)
+            segments.append(part.segments[index])
+            scale_offsets.append(sum(_scale_blocks(s, self._tile) for s in part.segments[:index]))
         m_kind = {"fp32": _M_FP32, "bf16": _M_BF16, "fp8": _M_FP8}[m_dtype]
-        return _LaunchPlan(key, params, grads, states, parts, m_kind, self._tile)
+        return _LaunchPlan(key, params, grads, states, segments, scale_offsets, m_kind, self._tile)
 
 
 _M_TL_DTYPE = {_M_FP32: tl.float32, _M_BF16: tl.bfloat16, _M_FP8: tl.float8e4nv}
+
+
+def _decay_of(name: str, param: torch.Tensor, rules: Sequence[Rule]) -> bool:
+    """Weight decay by name (none on norm / ln / bias), unless the first matching rule forces it."""
+    lname = name.lower()
+    for rule in rules:
+        if rule.contains.lower() in lname and (rule.kind not in _WEIGHT_ONLY or param.dim() == 2):
+            if rule.weight_decay is not None:
+                return rule.weight_decay
+            break
+    return not ("norm" in lname or "ln" in lname or "bias" in lname)
 
 
 def _resolve_state_dtype(state_dtype: str, device: torch.device) -> str:

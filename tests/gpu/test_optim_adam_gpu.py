@@ -7,7 +7,12 @@ on real hardware, and CUDA-graph capture of step(). Run on the GPU machine:
 import pytest
 import torch
 
-from kernelbench.ops.optim_workloads import llama_shapes, model_370m_shapes
+from kernelbench.ops.optim_workloads import (
+    fused_qkv_shapes,
+    gpt2_shapes,
+    llama_shapes,
+    model_370m_shapes,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -130,18 +135,23 @@ def test_adam_mini_fp8_on_gpu_matches_emulation_and_bound():
     assert ((param.detach().reshape(-1) - p).norm() / (p - p0.reshape(-1)).norm()).item() < 1e-3
 
 
-@pytest.mark.parametrize("which", ["adamw", "adam-mini-fp8"])
+@pytest.mark.parametrize("which", ["adamw", "adam-mini-fp8", "adam-mini-fused-qkv-fp8"])
 def test_step_captures_in_a_cuda_graph(which):
     from kernelbench.optim.adam_mini import AdamMini
     from kernelbench.optim.adamw import TritonAdamW
 
-    shapes = llama_shapes(vocab=1000, d=256, layers=2, heads=4, kv_heads=2, hidden=512)
+    if which == "adam-mini-fused-qkv-fp8":
+        shapes = fused_qkv_shapes(vocab=1000, d=256, layers=2, heads=4, kv_heads=2, hidden=512)
+    else:
+        shapes = llama_shapes(vocab=1000, d=256, layers=2, heads=4, kv_heads=2, hidden=512)
     init = _named(shapes, seed=6)
 
     def build(params):
         if which == "adamw":
             return TritonAdamW([p for _, p in params], lr=1e-3)
-        return AdamMini(params, lr=1e-3, weight_decay=0.1, dim=256, n_heads=4, n_kv_heads=2, state_dtype="fp8")
+        preset = "fused-qkv" if which == "adam-mini-fused-qkv-fp8" else None
+        return AdamMini(params, lr=1e-3, weight_decay=0.1, dim=256, n_heads=4, n_kv_heads=2, state_dtype="fp8",
+                        preset=preset, verbose=False)
 
     eager = [(n, torch.nn.Parameter(t.clone())) for n, t in init]
     graphed = [(n, torch.nn.Parameter(t.clone())) for n, t in init]
@@ -170,3 +180,50 @@ def test_step_captures_in_a_cuda_graph(which):
     torch.cuda.synchronize()
     for (name, a), (_, b) in zip(eager, graphed):
         assert torch.equal(a, b), f"{name}: {_mismatch(a, b)}"
+
+
+_GPT2 = (gpt2_shapes(vocab=50257, d=768, layers=2, positions=1024), dict(dim=768, n_heads=12, n_kv_heads=12))
+_FUSED = (fused_qkv_shapes(vocab=32000, d=1024, layers=2, heads=16, kv_heads=8, hidden=4096),
+          dict(dim=1024, n_heads=16, n_kv_heads=8))
+_FUSED_NEOX = (fused_qkv_shapes(vocab=32000, d=1024, layers=2, heads=16, kv_heads=16, hidden=4096),
+               dict(dim=1024, n_heads=16, n_kv_heads=16))
+
+
+def _compare_runs(build_a, build_b, shapes, steps, tol=1e-5):
+    init = _named(shapes, seed=11)
+    a_params = [(n, torch.nn.Parameter(t.clone())) for n, t in init]
+    b_params = [(n, torch.nn.Parameter(t.clone())) for n, t in init]
+    opt_a, opt_b = build_a(a_params), build_b(b_params)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    for _ in range(steps):
+        for (_, a), (_, b), g in zip(a_params, b_params, _grads([p for _, p in a_params], gen)):
+            a.grad, b.grad = g, g.clone()
+        opt_a.step()
+        opt_b.step()
+    for (name, a), (_, b) in zip(a_params, b_params):
+        err = ((a - b).abs().max() / b.abs().max()).item()
+        assert err <= tol, f"{name}: max |diff| / max |ref| = {err:.2e}"
+
+
+@pytest.mark.parametrize("model", ["gpt2", "fused-qkv-gqa", "fused-qkv-neox"])
+def test_adam_mini_defaults_match_official_on_gpt2_and_fused_qkv(model):
+    """Official-compatible defaults (unknown names: one block per tensor) against official, fp32 state."""
+    from adam_mini import Adam_mini
+
+    from kernelbench.optim.adam_mini import AdamMini
+
+    shapes, geometry = {"gpt2": _GPT2, "fused-qkv-gqa": _FUSED, "fused-qkv-neox": _FUSED_NEOX}[model]
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, **geometry)
+    _compare_runs(lambda ps: AdamMini(ps, verbose=False, **hp), lambda ps: Adam_mini(ps, verbose=False, **hp),
+                  shapes, steps=20)
+
+
+@pytest.mark.parametrize("model, preset", [("gpt2", "gpt2"), ("fused-qkv-gqa", "fused-qkv"),
+                                           ("fused-qkv-neox", "fused-qkv")])
+def test_adam_mini_presets_match_the_pytorch_reference(model, preset):
+    from kernelbench.optim.adam_mini import AdamMini, AdamMiniReference
+
+    shapes, geometry = {"gpt2": _GPT2, "fused-qkv-gqa": _FUSED, "fused-qkv-neox": _FUSED_NEOX}[model]
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, preset=preset, **geometry)
+    _compare_runs(lambda ps: AdamMini(ps, verbose=False, **hp), lambda ps: AdamMiniReference(ps, **hp),
+                  shapes, steps=5)
