@@ -235,18 +235,18 @@ def _plan(entries, device: str, seed: int):
 
 
 def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
-    """A candidate named for parity must take part in it (not the reference, not an anchor that
-    computes something else)."""
+    """Candidates named for parity must include one that takes part in it (the reference and
+    anchors computing something else are not checked)."""
     op = get_op(op_name)
-    for name in names or []:
-        cand = op.get_candidate(name)
-        checked = [c.name for c in op.candidates.values() if c.parity and c.name != op.reference]
-        if name == op.reference:
-            raise UsageError(f"'{name}' is the reference of op '{op.name}': the others are checked against it; "
-                             f"checked candidates: {', '.join(checked)}")
-        if not cand.parity:
-            raise UsageError(f"'{name}' is not checked for parity (an anchor computing something else, timed "
-                             f"beside the others); checked candidates of '{op.name}': {', '.join(checked)}")
+    if not names:
+        return
+    checked = [c.name for c in op.candidates.values() if c.parity and c.name != op.reference]
+    if any(name in checked for name in names):
+        return
+    why = {name: ("the reference: the others are checked against it" if name == op.reference else
+                  "an anchor computing something else, timed beside the others") for name in names}
+    raise UsageError("no named candidate is checked for parity: " + "; ".join(f"'{n}' is {w}" for n, w in why.items())
+                     + f". Checked candidates of '{op.name}': {', '.join(checked)}")
 
 
 def _check_tags(op_name: str, names: Optional[list[str]], tags: dict) -> None:
@@ -491,8 +491,8 @@ def _run_distributed(out: Output, device: str, nproc: int, workloads: Optional[l
     if dev == "cpu":
         out.note("dist-adamw on CPU ranks (Gloo, Triton interpreter): a run-through, not a measurement; "
                  f"default workload {CPU_WORKLOAD}.", "yellow")
-    workloads = workloads or (["model-370m"] if dev == "cuda" else [CPU_WORKLOAD])
-    steps = steps or (50 if dev == "cuda" else 10)
+    default_workloads, default_steps = dist_defaults(dev)
+    workloads, steps = workloads or default_workloads, steps or default_steps
     folder = output_dir or default_output_dir("run", DIST_OP)
     outcome, interruption = "failed", None
     with interrupts():
@@ -526,6 +526,14 @@ def _run_distributed(out: Output, device: str, nproc: int, workloads: Optional[l
                    interruption_code(interruption))
     if not any(r["status"] in ("ok", "not-measured") for r in writer.rows):
         raise fail(out, f"{DIST_OP}: no run completed (see the error above and the error rows)", Exit.NOTHING_RAN)
+
+
+def dist_defaults(device: str) -> tuple[list[str], int]:
+    """dist-adamw's workloads and timed steps when none are given: ANCHORS' model on GPUs, a
+    model-shaped workload the interpreter finishes in seconds on CPU ranks."""
+    from .dist.launch import CPU_WORKLOAD
+
+    return (["model-370m"], 50) if device == "cuda" else ([CPU_WORKLOAD], 10)
 
 
 def _cuda_visible() -> bool:

@@ -35,11 +35,14 @@ class Comparison:
 
 
 def _times(rows: pd.DataFrame) -> pd.DataFrame:
-    ok = rows[rows["status"].isin(["ok", "pass", "fail"])]
+    """(op, workload, mode, candidate) -> median and IQR of the timed rows."""
+    columns = ["time_median_ms", "time_iqr_ms"]
+    ok = rows[rows["status"].isin(["ok", "pass", "fail"]) & rows["metric"].isin(columns)]
+    if ok.empty:
+        return pd.DataFrame(columns=columns, index=pd.MultiIndex.from_tuples([], names=KEYS), dtype=float)
+    ok = ok.assign(value=pd.to_numeric(ok["value"], errors="coerce"))
     wide = ok.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
-    keep = [c for c in ("time_median_ms", "time_iqr_ms") if c in wide.columns]
-    wide = wide[keep].dropna(subset=["time_median_ms"]) if "time_median_ms" in keep else wide.iloc[0:0]
-    return wide
+    return wide.reindex(columns=columns).dropna(subset=["time_median_ms"])
 
 
 def _parity(rows: pd.DataFrame) -> pd.Series:
