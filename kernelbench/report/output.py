@@ -69,6 +69,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # The reader went away (`| head -1`): stop printing, let the run finish and exit with its
+        # own code (rich's default exits 1, the code of a failed parity check).
+        self.quiet = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 def make_console(stderr: bool = False) -> Console:
     """A console for stdout or stderr. Without a terminal: no colour, no wrapping of text, and
     tables as wide as they need (or $COLUMNS when set)."""
@@ -84,8 +96,8 @@ def make_console(stderr: bool = False) -> Console:
         except ValueError:
             width = None
         width = width or 100_000
-    return Console(file=stream, width=width, soft_wrap=not tty, highlight=False, emoji=False,
-                   markup=False)
+    return _Console(file=stream, width=width, soft_wrap=not tty, highlight=False, emoji=False,
+                    markup=False)
 
 
 def _rows(rows: Any) -> tuple[list[str], list[dict]]:
@@ -120,7 +132,6 @@ class Output:
         self.out = make_console()
         self.err = make_console(stderr=True)
         self._pending: list[tuple[str, list[str], list[dict]]] = []
-        self.pipe_closed = False
 
     @property
     def machine(self) -> bool:
@@ -190,17 +201,10 @@ class Output:
 
     # -- printing -------------------------------------------------------------------------------
     def _print(self, console: Console, renderable: Any) -> None:
-        if self.pipe_closed and console is self.out:
+        if console.quiet:
             return
         try:
             console.print(renderable, soft_wrap=not console.is_terminal and isinstance(renderable, Text))
             console.file.flush()
         except BrokenPipeError:
-            # The reader went away (`| head -1`): stop printing, let the run finish and exit
-            # with its own code.
-            self.pipe_closed = True
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, console.file.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
+            console.on_broken_pipe()
