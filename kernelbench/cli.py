@@ -47,6 +47,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     # Plain click output: usage errors on one line instead of a box drawn across the log.
     rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 
