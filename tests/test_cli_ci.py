@@ -28,8 +28,7 @@ def invoke(*args, env=None):
 
 def kb(*args, env=None, timeout=300, **kw):
     """`python -m kernelbench ...` in a child process whose stdout is a pipe (no terminal)."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("COLUMNS", None)
+    full_env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | (env or {})
     return subprocess.run([sys.executable, "-m", "kernelbench", *map(str, args)], cwd=kw.pop("cwd", ROOT),
                           env=full_env, capture_output=True, text=True, timeout=timeout, **kw)
 
@@ -55,6 +54,10 @@ def test_list_in_a_pipe_never_splits_a_name():
     assert hits and all("triton-8bit" in line and "adafactor" in line for line in hits)
     # Each candidate's row is one line: its name, its op and its reason on the same line.
     assert any("adam-mini" in line and "torch-adamw-fused" in line and "needs CUDA" in line for line in lines)
+    # A narrow $COLUMNS folds only the free text; names stay whole on their row.
+    narrow = kb("list", env={"COLUMNS": "60"}).stdout.splitlines()
+    assert [line for line in narrow if "triton-8bi" in line] and all(
+        "triton-8bit" in line and "adafactor" in line for line in narrow if "triton-8bi" in line)
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv", "markdown"])

@@ -81,23 +81,24 @@ class _Console(Console):
             pass
 
 
+def columns_limit() -> int | None:
+    """$COLUMNS as a number, when set."""
+    try:
+        return int(os.environ.get("COLUMNS", "")) or None
+    except ValueError:
+        return None
+
+
 def make_console(stderr: bool = False) -> Console:
-    """A console for stdout or stderr. Without a terminal: no colour, no wrapping of text, and
-    tables as wide as they need (or $COLUMNS when set)."""
+    """A console for stdout or stderr. Without a terminal: no colour and no wrapping: tables
+    take the width they need (their free-text columns fold at $COLUMNS when it is set)."""
     stream = sys.stderr if stderr else sys.stdout
     try:
         tty = stream.isatty()
     except (AttributeError, ValueError):
         tty = False
-    width = None
-    if not tty:
-        try:
-            width = int(os.environ.get("COLUMNS", "")) or None
-        except ValueError:
-            width = None
-        width = width or 100_000
-    return _Console(file=stream, width=width, soft_wrap=not tty, highlight=False, emoji=False,
-                    markup=False)
+    return _Console(file=stream, width=None if tty else 100_000, soft_wrap=not tty, highlight=False,
+                    emoji=False, markup=False)
 
 
 def _rows(rows: Any) -> tuple[list[str], list[dict]]:
@@ -183,20 +184,30 @@ class Output:
         self._print(self.out, Text(text))
 
     def _rich(self, title: str, columns: list[str], records: list[dict]) -> Table:
-        wrap = self.out.is_terminal
+        tty = self.out.is_terminal
+        cells = [[fmt(r.get(col)) for col in columns] for r in records]
         out = Table(title=title, header_style="bold")
-        for col in columns:
-            numeric = all(isinstance(_plain(r.get(col)), (int, float)) or r.get(col) is None for r in records) and any(
-                isinstance(_plain(r.get(col)), (int, float)) and not isinstance(r.get(col), bool) for r in records)
-            out.add_column(col, justify="right" if numeric else "left", no_wrap=not wrap, overflow="fold",
-                           max_width=70 if (wrap and col in TEXT_COLUMNS) else None)
-        for r in records:
-            cells = []
-            for col in columns:
-                text = fmt(r.get(col))
-                style = STATUS_STYLE.get(text, "") if col in STATUS_COLUMNS else ""
-                cells.append(Text(text, style=style))
-            out.add_row(*cells)
+        for i, col in enumerate(columns):
+            values = [_plain(r.get(col)) for r in records]
+            numeric = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values) \
+                and any(v is not None for v in values)
+            text = col in TEXT_COLUMNS
+            if tty:
+                out.add_column(col, justify="right" if numeric else "left", overflow="fold",
+                               max_width=70 if text else None)
+            else:
+                # Names and numbers are never split; only free text may fold (at $COLUMNS).
+                widest = max([len(col)] + [len(c[i]) for c in cells])
+                out.add_column(col, justify="right" if numeric else "left", no_wrap=not text, overflow="fold",
+                               min_width=None if text else widest)
+        for row in cells:
+            out.add_row(*(Text(text, style=STATUS_STYLE.get(text, "") if col in STATUS_COLUMNS else "")
+                          for col, text in zip(columns, row)))
+        limit = columns_limit()
+        if not tty and limit and self.out.measure(out).maximum > limit:
+            fixed = sum(c.min_width or 0 for c in out.columns) + 3 * len(columns) + 1
+            texts = sum(1 for col in columns if col in TEXT_COLUMNS)
+            out.width = max(limit, fixed + 12 * texts)
         return out
 
     # -- printing -------------------------------------------------------------------------------
