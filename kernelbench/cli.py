@@ -250,6 +250,16 @@ def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
                      + f". Checked candidates of '{op.name}': {', '.join(checked)}")
 
 
+def _check_names(op_name: str, workloads: Optional[list[str]], modes: Optional[list[str]]) -> None:
+    """Workload and mode names, checked before torch is imported."""
+    op = get_op(op_name)
+    for name in workloads or []:
+        op.workload(name)
+    for mode in modes or []:
+        if mode not in op.modes():
+            raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
+
+
 def _check_tags(op_name: str, names: Optional[list[str]], tags: dict) -> None:
     """-c with --state: every named candidate must have that state."""
     op = get_op(op_name)
@@ -458,8 +468,7 @@ def run(
             tags = {"state": state} if state else {}
             get_op(op).select(candidate, tags)  # validates names and tags before anything runs
             _check_tags(op, candidate, tags)
-            for w in workload or []:
-                get_op(op).workload(w)
+            _check_names(op, workload, mode)
             bench = [Entry(op, workload, candidate, mode, tags)]
             parity = [Entry(op, workload, candidate, mode, tags, steps=parity_steps)] if parity_steps else []
             if parity:
@@ -613,6 +622,7 @@ def parity(
         check_output_dir(output_dir)
         get_op(op).select(candidate, tags)
         _check_tags(op, candidate, tags)
+        _check_names(op, workload, mode)
         _check_parity_candidates(op, candidate)
     entry = Entry(op, workload, candidate, mode, tags, steps=steps, atol=atol, rtol=rtol)
     _execute(out, "parity", op, [], [entry], {}, device, output_dir, seed or 0, detail=parity_detail)
