@@ -197,12 +197,13 @@ def test_dist_launch_timeout_kills_every_rank(tmp_path):
 
 def test_sigterm_closes_the_report_like_ctrl_c(tmp_path):
     out = tmp_path / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "kernelbench", "run", "adamw", "--device", "cpu", "-w", "tiny",
-                             "-c", "torch-forloop", "--rep-ms", "600000", "--warmup-ms", "0", "-o", out], cwd=ROOT,
+    # A million parity steps: still running when the signal comes, however loaded the machine.
+    proc = subprocess.Popen([sys.executable, "-m", "kernelbench", "parity", "adamw", "--device", "cpu", "-w", "tiny",
+                             "-c", "torch-foreach", "--steps", "1000000", "-o", out], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: (out / "run.json").is_file(), 120)
-        time.sleep(2)  # into the timing loop
+        time.sleep(2)  # into the steps
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:
