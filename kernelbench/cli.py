@@ -1,9 +1,18 @@
-"""kernelbench's command line: parse, call the harness, print, exit with a documented code."""
+"""kernelbench's command line: parse, call the harness, print, exit with a documented code.
+
+A command is one function below. What commands share lives at the top: the option types
+(``DeviceOpt``, ``FormatOpt``...), ``Output`` (tables as text / Markdown / JSON / CSV, one-line
+errors, full width without a terminal), ``fail`` and ``usage_errors`` (exit 2 with one line),
+``interrupts`` (SIGTERM / SIGHUP end a run the way Ctrl-C does). Nothing here imports torch or
+pandas at module level: ``--help``, ``list`` and argument errors answer without them.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import glob
+import os
+import shutil
+import signal
 import sys
 from contextlib import contextmanager
 from enum import IntEnum
@@ -11,12 +20,10 @@ from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from .ops import get_op, load_all
 from .ops.base import UsageError
+from .report.output import Format, Output
 
 
 class Exit(IntEnum):
@@ -29,7 +36,8 @@ class Exit(IntEnum):
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 a parity check failed; 2 usage or config error; "
-    "3 regression found by compare; 4 no requested candidate could run."
+    "3 regression found by compare; 4 nothing that was asked for could run here; "
+    "130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (the report is closed and says so)."
 )
 
 app = typer.Typer(
@@ -37,85 +45,175 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click output: usage errors on one line instead of a box drawn across the log.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
-console = Console()
-err_console = Console(stderr=True)
 
 
-def _fail(message: str, code: Exit = Exit.USAGE) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
+def fail(out: Output, message: str, code: Exit | int = Exit.USAGE) -> typer.Exit:
+    out.error(message)
     return typer.Exit(int(code))
 
 
 @contextmanager
-def _usage_errors() -> Iterator[None]:
+def usage_errors(out: Output) -> Iterator[None]:
     try:
         yield
     except UsageError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(out, str(exc)) from None
 
 
-# Options shared by run and parity.
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM / SIGHUP raised as an interruption, so a run closes its report as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def interruption_name(exc: KeyboardInterrupt) -> str:
+    return signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
+
+
+def interruption_code(name: str) -> int:
+    return 128 + int(signal.Signals[name])
+
+
+@contextmanager
+def interrupts() -> Iterator[None]:
+    """SIGTERM (CI runners, `timeout`) and SIGHUP raise Interrupted; a second one while the
+    report closes is ignored."""
+    def handler(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def check_range(option: str, value, *, minimum=None, above=None) -> None:
+    """A numeric option's bounds, checked before anything is imported or run."""
+    if value is None:
+        return
+    if minimum is not None and value < minimum:
+        raise UsageError(f"{option} {value:g}: must be at least {minimum:g}")
+    if above is not None and value <= above:
+        raise UsageError(f"{option} {value:g}: must be greater than {above:g}")
+
+
+def check_output_dir(path: Optional[Path]) -> None:
+    """-o names a folder that exists or can be made: not a file, not under a file."""
+    if path is None:
+        return
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"--output-dir {path}: is a file; name a folder (it is made if missing)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"--output-dir {path}: the folder is not writable")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--output-dir {path}: {parent} is a file, so no folder can be made under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output-dir {path}: cannot make it: {parent} is not writable")
+
+
+# ------------------------------------------------------------------------------------------------
+# Options shared by several commands.
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, or auto (cuda when visible).")]
 CandidateOpt = Annotated[Optional[list[str]], typer.Option("--candidate", "-c", help="Only these candidates (repeatable).")]
 WorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="Only these workloads (repeatable); default: the device's tier.")]
 ModeOpt = Annotated[Optional[list[str]], typer.Option("--mode", "-m", help="Only these modes, e.g. fwd, fwd+bwd (repeatable).")]
 StateOpt = Annotated[Optional[str], typer.Option("--state", help="Optimizer state dtype for ops that offer it (adam-mini: fp32, bf16, fp8).")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Report folder (default results/<UTC time>-<verb>-<op>/).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Added to every workload's seed.")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Report folder (default reports/<UTC time>-<verb>-<op>/; made if missing).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Added to every workload's seed [default: 0].")]
+FormatOpt = Annotated[Format, typer.Option(
+    "--format", case_sensitive=False,
+    help="table (text), markdown, json (an array of objects, one per row, each naming its table) or csv. "
+         "With json / csv, stdout carries only that; notes go to stderr.")]
+ParityDetailOpt = Annotated[str, typer.Option(
+    "--parity-detail",
+    help="worst: per-tensor parity rows only for failing tensors and the 3 worst per measure; full: every tensor.")]
 
 
 # ------------------------------------------------------------------------------------------------
-@app.command("list")
-def list_cmd(device: DeviceOpt = "auto",
-             workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads.")] = False) -> None:
-    """Every op and candidate, and whether it can run on this machine (and if not, why)."""
-    from .harness.runner import resolve_device
+def _nvidia_device_present() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
-    with _usage_errors():
-        dev = resolve_device(device)
-    table = Table(title=f"kernelbench candidates (device: {dev})", header_style="bold")
-    for col in ("op", "candidate", "tags", "role", "runs here", "what"):
-        table.add_column(col, overflow="fold")
+
+def _list_device(requested: str) -> str:
+    """The device `list` judges for: no torch import and no CUDA probe unless asked for CUDA or
+    an NVIDIA device node exists."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device {requested}: accepted values are cpu, cuda, auto")
+    if requested == "cuda" or (requested == "auto" and _nvidia_device_present()):
+        from .harness.runner import resolve_device
+
+        return resolve_device(requested)
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # what a CPU run sets before building kernels
+    return "cpu"
+
+
+@app.command("list", epilog=EXIT_CODES_HELP)
+def list_cmd(device: DeviceOpt = "auto",
+             workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads (tier, modes, seed).")] = False,
+             fmt: FormatOpt = Format.table) -> None:
+    """Every op and candidate, and whether it can run here (and if not, why).
+
+    "runs here" comes from the installed packages and, only where an NVIDIA device node exists
+    (/dev/nvidia*) or with --device cuda, a CUDA probe (GPU count, compute capability): on a
+    machine without a GPU, list imports neither torch nor CUDA."""
+    out = Output(fmt)
+    with usage_errors(out):
+        dev = _list_device(device)
+    rows = []
     for op in load_all().values():
         for cand in op.candidates.values():
             unmet = cand.requires.unmet(dev)
-            if unmet:
-                runs = f"[dim]no: {unmet}[/]"
-            elif cand.requires.interpreted(dev):
-                runs = "[yellow]interpreter: parity only[/]"
-            else:
-                runs = "[green]yes[/]"
+            runs = (f"no: {unmet}" if unmet else
+                    "interpreter: parity only" if cand.requires.interpreted(dev) else "yes")
             role = ", ".join(r for r, on in (("reference", cand.name == op.reference),
                                               ("anchor", cand.name == op.speed_anchor),
                                               ("baseline", cand.baseline)) if on)
-            tags = ", ".join(f"{k}={v}" for k, v in cand.tags.items())
-            table.add_row(op.name, cand.name, tags, role, runs, cand.doc)
+            rows.append({"op": op.name, "candidate": cand.name,
+                         "tags": ", ".join(f"{k}={v}" for k, v in cand.tags.items()),
+                         "role": role, "runs here": runs, "what": cand.doc})
     # dist-adamw runs several processes, so it is no registry op; listed here all the same.
-    gpus = _gpu_count()
-    dist_runs = ("[green]yes[/]" if gpus >= 2 else
-                 "[yellow]CPU ranks on Gloo: a run-through, not a measurement[/]" if gpus == 0 else
-                 f"[dim]no: needs 2 GPUs, {gpus} visible[/]")
-    table.add_row(DIST_OP, "sharded-zero1, allreduce+torch-fused", "", "", dist_runs,
-                  "ShardedAdamW vs all-reduce + fused AdamW: kernelbench run dist-adamw --nproc N")
-    console.print(table)
+    gpus = _gpu_count() if dev == "cuda" else 0
+    rows.append({"op": DIST_OP, "candidate": "sharded-zero1, allreduce+torch-fused", "tags": "", "role": "",
+                 "runs here": ("yes" if gpus >= 2 else
+                               "CPU ranks on Gloo: a run-through, not a measurement" if gpus == 0 else
+                               f"no: needs 2 GPUs, {gpus} visible"),
+                 "what": "ShardedAdamW vs all-reduce + fused AdamW: kernelbench run dist-adamw --nproc N"})
+    out.table(f"kernelbench candidates (device: {dev})", rows, name="candidates")
+    if workloads:
+        wrows = [{"op": op.name, "workload": w.name, "tier": w.tier, "modes": ", ".join(op.modes()), "seed": w.seed}
+                 for op in load_all().values() for w in op.workloads.values()]
+        out.table("workloads", wrows, name="workloads")
+    out.flush()
     from .ops import LOAD_ERRORS
 
     for module, error in LOAD_ERRORS.items():
-        err_console.print(f"[bold red]op module kernelbench.ops.{module} failed to import:[/] {error}")
-    if workloads:
-        wt = Table(title="workloads", header_style="bold")
-        for col in ("op", "workload", "tier", "modes", "seed"):
-            wt.add_column(col)
-        for op in load_all().values():
-            for w in op.workloads.values():
-                wt.add_row(op.name, w.name, w.tier, ", ".join(op.modes()), str(w.seed))
-        console.print(wt)
+        out.error(f"op module kernelbench.ops.{module} failed to import: {error}")
 
 
 # ------------------------------------------------------------------------------------------------
 def _plan(entries, device: str, seed: int):
     """PlanItems for config / CLI entries: names resolved, the device's tier by default."""
+    import dataclasses
+
     from .harness.runner import PlanItem
 
     plan = []
@@ -137,73 +235,147 @@ def _plan(entries, device: str, seed: int):
     return plan
 
 
+def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
+    """Candidates named for parity must include one that takes part in it (the reference and
+    anchors computing something else are not checked)."""
+    op = get_op(op_name)
+    if not names:
+        return
+    checked = [c.name for c in op.candidates.values() if c.parity and c.name != op.reference]
+    if any(name in checked for name in names):
+        return
+    why = {name: ("the reference: the others are checked against it" if name == op.reference else
+                  "an anchor computing something else, timed beside the others") for name in names}
+    raise UsageError("no named candidate is checked for parity: " + "; ".join(f"'{n}' is {w}" for n, w in why.items())
+                     + f". Checked candidates of '{op.name}': {', '.join(checked)}")
+
+
+def _check_names(op_name: str, workloads: Optional[list[str]], modes: Optional[list[str]]) -> None:
+    """Workload and mode names, checked before torch is imported."""
+    op = get_op(op_name)
+    for name in workloads or []:
+        op.workload(name)
+    for mode in modes or []:
+        if mode not in op.modes():
+            raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
+
+
+def _check_tags(op_name: str, names: Optional[list[str]], tags: dict) -> None:
+    """-c with --state: every named candidate must have that state."""
+    op = get_op(op_name)
+    op.select(None, tags)  # the tag itself must exist
+    for name in names or []:
+        cand = op.get_candidate(name)
+        for key, value in tags.items():
+            if cand.tags.get(key) != value:
+                raise UsageError(f"-c {name} has {key}={cand.tags.get(key, '(none)')}, not --{key} {value}: "
+                                 f"drop one of the two")
+
+
 @contextmanager
-def _progress() -> Iterator:
+def _progress(out: Output) -> Iterator:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+                  console=out.err, transient=True) as progress:
         task = progress.add_task("starting", total=None)
         yield lambda text: progress.update(task, description=text)
 
 
-def _execute(verb: str, label: str, bench_entries, parity_entries, settings: dict, device: str,
-             output_dir: Optional[Path], seed: int, telemetry: bool = False) -> None:
+def _open_report(out: Output, folder: Path, fingerprint: dict, verb: str, settings: dict):
+    from .report.writer import ReportWriter
+
+    try:
+        return ReportWriter(folder, fingerprint, verb, settings=settings)
+    except OSError as exc:
+        raise fail(out, f"--output-dir {folder}: cannot write the report there ({exc.strerror or exc})") from None
+
+
+def _report_end(out: Output, writer, folder: Path, interruption: Optional[str], failures: list[str]) -> None:
+    """Exit code and the lines that explain it: interrupted, parity failed, nothing ran."""
+    if interruption:
+        raise fail(out, f"interrupted by {interruption}: {folder} holds what was measured until then "
+                        "(run.json says \"interrupted\")", interruption_code(interruption))
+    if failures:
+        raise fail(out, "parity failed: " + ", ".join(failures), Exit.PARITY_FAILED)
+    statuses = [r["status"] for r in writer.rows]
+    if not any(s in ("ok", "pass", "fail", "suspect", "not-measured") for s in statuses):
+        reasons = {}
+        for r in writer.rows:
+            if r["status"] in ("skipped", "error"):
+                reasons.setdefault(f"{r['candidate']}: {r['message']}", None)
+        for reason in reasons:
+            out.warn(f"  {reason}")
+        raise fail(out, "no requested candidate could run here" + (" (reasons above)" if reasons else
+                        ": nothing was selected"), Exit.NOTHING_RAN)
+    if not any(s in ("ok", "pass", "fail", "suspect") for s in statuses):
+        out.warn("nothing was measured: the candidates that ran are Triton kernels in the interpreter "
+                 "(no GPU), whose time is not measured; check their numerics with parity, time them on a GPU")
+
+
+def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, settings: dict, device: str,
+             output_dir: Optional[Path], seed: int, telemetry: bool = False, detail: str = "worst") -> None:
     """Runs a plan into a report folder, prints the tables and exits with the right code."""
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device, run_benchmarks, run_parity
     from .harness.timing import TimingConfig
-    from .report.console import render
     from .report.tables import bench_table, parity_table
-    from .report.writer import ReportWriter, default_output_dir
+    from .report.writer import default_output_dir
 
-    with _usage_errors():
+    with usage_errors(out):
         dev = resolve_device(settings.get("device", device) if device == "auto" else device)
         bench_plan = _plan(bench_entries, dev, seed)
         parity_plans = [(e, _plan([e], dev, seed)) for e in parity_entries]
     if dev == "cpu":
-        console.print("[yellow]No CUDA device: running on the CPU. CPU candidates are timed with "
-                      "perf_counter; Triton kernels run in the Triton interpreter for parity only "
-                      "(their time is not measured).[/]")
+        out.note("No CUDA device: running on the CPU. CPU candidates are timed with perf_counter; Triton "
+                 "kernels run in the Triton interpreter for parity only (their time is not measured).", "yellow")
     timing = TimingConfig(
         warmup_ms=float(settings.get("warmup_ms", 25.0)), rep_ms=float(settings.get("rep_ms", 100.0)),
         cuda_graph=bool(settings.get("cuda_graph", False)), flush_l2=bool(settings.get("flush_l2", True)),
     )
     folder = output_dir or default_output_dir(verb, label)
-    writer = ReportWriter(folder, fingerprint(dev, seed), verb)
-    outcome = "interrupted"
+    created = not folder.exists()
+    recorded = {k: v for k, v in settings.items()} | {"parity_detail": detail}
+    outcome, interruption, usage_error = "failed", None, None
     summaries = []
-    try:
-        with _progress() as on_progress:
-            if dev == "cuda" and bench_plan:
-                from .harness.ceilings import measure_ceilings
-                import torch
+    with interrupts():
+        writer = _open_report(out, folder, fingerprint(dev, seed), verb, recorded)
+        try:
+            with _progress(out) as on_progress:
+                if dev == "cuda" and bench_plan:
+                    import torch
 
-                on_progress("measuring the device's copy bandwidth and bf16 matmul rate")
-                writer.set_ceilings(measure_ceilings(torch.cuda.current_device()).as_dict())
-            if bench_plan:
-                summaries.append(run_benchmarks(bench_plan, dev, writer, timing=timing,
-                                                rounds=int(settings.get("rounds", 3)), telemetry=telemetry,
-                                                on_progress=on_progress))
-            for entry, plan in parity_plans:
-                with _usage_errors():
+                    from .harness.ceilings import measure_ceilings
+
+                    on_progress("measuring the device's copy bandwidth and bf16 matmul rate")
+                    writer.set_ceilings(measure_ceilings(torch.cuda.current_device()).as_dict())
+                if bench_plan:
+                    summaries.append(run_benchmarks(bench_plan, dev, writer, timing=timing,
+                                                    rounds=int(settings.get("rounds", 3)), telemetry=telemetry,
+                                                    on_progress=on_progress))
+                for entry, plan in parity_plans:
                     summaries.append(run_parity(plan, dev, writer, steps=entry.steps, atol=entry.atol,
-                                                rtol=entry.rtol, on_progress=on_progress))
-        outcome = "complete"
-    finally:
-        writer.close(outcome)
+                                                rtol=entry.rtol, detail=detail, on_progress=on_progress))
+            outcome = "complete"
+        except UsageError as exc:
+            usage_error = str(exc)
+        except KeyboardInterrupt as exc:
+            outcome, interruption = "interrupted", interruption_name(exc)
+        finally:
+            writer.close(outcome, interruption)
+    if usage_error is not None:
+        if created and not writer.rows:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise fail(out, usage_error)
     frame = writer.frame()
-    render(console, f"{verb}: speed", bench_table(frame))
-    render(console, f"{verb}: parity", parity_table(frame))
-    console.print(f"Report: {folder}")
-    failures = [f for s in summaries for f in s.failures]
-    measured = sum(s.measured for s in summaries) + sum(s.parity_checks for s in summaries)
-    not_measured = sum(1 for r in writer.rows if r["status"] == "not-measured")
-    if failures:
-        raise _fail("parity failed: " + ", ".join(failures), Exit.PARITY_FAILED)
-    if measured == 0 and not_measured == 0:
-        raise _fail("no requested candidate could run here (see the skipped rows' reasons)", Exit.NOTHING_RAN)
+    out.table(f"{verb}: speed", bench_table(frame), name="speed")
+    out.table(f"{verb}: parity", parity_table(frame), name="parity")
+    out.flush()
+    out.note(f"Report: {folder}")
+    _report_end(out, writer, folder, interruption, [f for s in summaries for f in s.failures])
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_HELP)
 def run(
     op: Annotated[Optional[str], typer.Argument(help="Op to benchmark; omit it to run the default suite.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML suite (configs/*.toml).")] = None,
@@ -213,92 +385,165 @@ def run(
     state: StateOpt = None,
     device: DeviceOpt = "auto",
     output_dir: OutputOpt = None,
+    fmt: FormatOpt = Format.table,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time replays of a CUDA graph (L2 flush captured and subtracted).")] = False,
-    warmup_ms: Annotated[float, typer.Option(help="Warm-up time per candidate and round.")] = 25.0,
-    rep_ms: Annotated[float, typer.Option(help="Timed time per candidate, over all rounds.")] = 100.0,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds (A B A B ...) per workload.")] = 3,
+    warmup_ms: Annotated[Optional[float], typer.Option(help="Warm-up time per candidate and round, ms, >= 0 [default: 25, or the suite's].")] = None,
+    rep_ms: Annotated[Optional[float], typer.Option(help="Timed time per candidate over all rounds, ms, > 0 [default: 100, or the suite's].")] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="Interleaved rounds (A B A B ...) per workload, >= 1 [default: 3, or the suite's].")] = None,
     no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2", help="Keep L2 warm between reps (the report says so).")] = False,
-    parity_steps: Annotated[int, typer.Option(help="With an op: also check parity over this many steps (0: no).")] = 0,
-    telemetry: Annotated[bool, typer.Option("--telemetry", help="Also record optimizer telemetry (adam-mini: max |update|, max |m|, fp8 scales) after the timed steps.")] = False,
-    nproc: Annotated[int, typer.Option("--nproc", help="dist-adamw only: ranks (GPUs) to start through torch.distributed.run.")] = 2,
-    steps: Annotated[int, typer.Option("--steps", help="dist-adamw only: timed steps per rank.")] = 50,
-    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB (default: ShardedAdamW's, 256 with a gather group, 1024 without).")] = None,
-    gather_group: Annotated[bool, typer.Option("--gather-group/--no-gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters.")] = True,
-    seed: SeedOpt = 0,
+    parity_steps: Annotated[Optional[int], typer.Option(help="With an op: also check parity over this many optimizer steps / input draws (the parity command's --steps) [default: no parity].")] = None,
+    parity_detail: ParityDetailOpt = "worst",
+    telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry (adam-mini): record max |update|, max |m|, fp8 scales after the timed steps.")] = False,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="dist-adamw only: ranks to start through torch.distributed.run [default: 2].")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="dist-adamw only: timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. For parity steps of other ops see --parity-steps.")] = None,
+    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB, > 0 (default: ShardedAdamW's, 256 with a gather group, 1024 without).")] = None,
+    gather_group: Annotated[Optional[bool], typer.Option("--gather-group/--no-gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters [default: on].")] = None,
+    seed: SeedOpt = None,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
 
-    `dist-adamw` is multi-process: `kernelbench run dist-adamw --nproc 2` starts the ranks through
-    torch.distributed.run and compares ShardedAdamW with all-reduce + torch fused AdamW."""
+    Without an op: the suite given by --config, else configs/ci.toml on a CUDA machine and
+    configs/quick.toml without one. Timing options (--rounds, --rep-ms, --warmup-ms, --cuda-graph,
+    --no-flush-l2) override the suite's; options that choose what runs (-c, -w, -m, --state,
+    --telemetry, --parity-steps) need an op. `dist-adamw` is multi-process:
+    `kernelbench run dist-adamw --nproc 2` starts the ranks through torch.distributed.run and compares
+    ShardedAdamW with all-reduce + torch fused AdamW; it takes -w, --device, -o, --format and the
+    dist-adamw options only."""
+    out = Output(fmt)
+    given = {name: value for name, value in (
+        ("-c/--candidate", candidate), ("-w/--workload", workload), ("-m/--mode", mode), ("--state", state),
+        ("--cuda-graph", cuda_graph or None), ("--warmup-ms", warmup_ms), ("--rep-ms", rep_ms), ("--rounds", rounds),
+        ("--no-flush-l2", no_flush_l2 or None), ("--parity-steps", parity_steps), ("--telemetry", telemetry or None),
+        ("--nproc", nproc), ("--steps", steps), ("--bucket-mb", bucket_mb), ("--gather-group", gather_group),
+        ("--seed", seed), ("--config", config),
+        ("--parity-detail", None if parity_detail == "worst" else parity_detail)) if value is not None}
+    dist_only = [k for k in ("--nproc", "--steps", "--bucket-mb", "--gather-group") if k in given]
+    with usage_errors(out):
+        check_range("--rounds", rounds, minimum=1)
+        check_range("--rep-ms", rep_ms, above=0)
+        check_range("--warmup-ms", warmup_ms, minimum=0)
+        check_range("--parity-steps", parity_steps, minimum=0)
+        check_range("--nproc", nproc, minimum=1)
+        check_range("--steps", steps, minimum=1)
+        check_range("--bucket-mb", bucket_mb, above=0)
+        if parity_detail not in ("worst", "full"):
+            raise UsageError(f"--parity-detail {parity_detail}: accepted: worst, full")
+        check_output_dir(output_dir)
+        if op is not None and config is not None:
+            raise UsageError("give an op or --config, not both")
+        if op == DIST_OP:
+            wrong = [k for k in given if k not in ("-w/--workload", "--nproc", "--steps", "--bucket-mb", "--gather-group")]
+            if wrong:
+                raise UsageError(f"{', '.join(wrong)}: not accepted by dist-adamw, which takes -w, --device, -o, "
+                                 "--format, --nproc, --steps, --bucket-mb and --gather-group/--no-gather-group")
+        elif dist_only:
+            raise UsageError(f"{', '.join(dist_only)}: dist-adamw options only (kernelbench run dist-adamw ...)"
+                             + ("; parity steps are --parity-steps" if "--steps" in dist_only else ""))
+        if op is None:
+            chooses = [k for k in ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry",
+                                   "--parity-steps") if k in given]
+            if chooses:
+                raise UsageError(f"{', '.join(chooses)}: choose what runs, so they need an op "
+                                 "(kernelbench run OP ...); a suite's [[bench]] / [[parity]] tables choose for it")
+    if op == DIST_OP:
+        _run_distributed(out, device, nproc or 2, workload, steps, bucket_mb,
+                         True if gather_group is None else gather_group, output_dir)
+        return
     from .config import Entry, configs_dir, load_suite
-    from .harness.runner import resolve_device
 
     settings: dict = {}
-    if op is not None and config is not None:
-        raise _fail("give an op or --config, not both")
-    if op == DIST_OP:
-        _run_distributed(nproc, (workload or ["model-370m"]), steps, bucket_mb, gather_group, output_dir, seed)
-        return
-    with _usage_errors():
+    with usage_errors(out):
         if op is None:
             if config is None:
-                on_gpu = resolve_device(device) == "cuda"
+                on_gpu = device == "cuda" or (device == "auto" and _nvidia_device_present() and _cuda_visible())
+                if device not in ("auto", "cpu", "cuda"):
+                    raise UsageError(f"--device {device}: accepted values are cpu, cuda, auto")
                 config = configs_dir() / ("ci.toml" if on_gpu else "quick.toml")
-                console.print(f"No op given: running the default suite {config}"
-                              + ("" if on_gpu else " (the CPU suite: no CUDA device)"))
+                out.note(f"No op given: running the default suite {config}"
+                         + ("" if on_gpu else " (the CPU suite: no CUDA device)"))
             suite = load_suite(config)
             settings = dict(suite.settings)
             bench, parity, label = suite.bench, suite.parity, config.stem
         else:
             tags = {"state": state} if state else {}
             get_op(op).select(candidate, tags)  # validates names and tags before anything runs
+            _check_tags(op, candidate, tags)
+            _check_names(op, workload, mode)
             bench = [Entry(op, workload, candidate, mode, tags)]
             parity = [Entry(op, workload, candidate, mode, tags, steps=parity_steps)] if parity_steps else []
+            if parity:
+                _check_parity_candidates(op, candidate)
             label = op
-    settings.update({k: v for k, v in (("cuda_graph", cuda_graph or None), ("rounds", rounds if rounds != 3 else None),
-                                         ("warmup_ms", warmup_ms if warmup_ms != 25.0 else None),
-                                         ("rep_ms", rep_ms if rep_ms != 100.0 else None),
-                                         ("flush_l2", False if no_flush_l2 else None)) if v is not None})
-    _execute("run", label, bench, parity, settings, device, output_dir, seed, telemetry)
+    # A value given on the command line wins over the suite's, even when it equals the default.
+    settings.update({k: v for k, v in (("cuda_graph", cuda_graph or None), ("rounds", rounds),
+                                       ("warmup_ms", warmup_ms), ("rep_ms", rep_ms),
+                                       ("flush_l2", False if no_flush_l2 else None)) if v is not None})
+    _execute(out, "run", label, bench, parity, settings, device, output_dir, seed or 0, telemetry, parity_detail)
 
 
 DIST_OP = "dist-adamw"
 
 
-def _run_distributed(nproc: int, workloads: list[str], steps: int, bucket_mb: Optional[float], gather_group: bool,
-                     output_dir: Optional[Path], seed: int) -> None:
+def _run_distributed(out: Output, device: str, nproc: int, workloads: Optional[list[str]], steps: Optional[int],
+                     bucket_mb: Optional[float], gather_group: bool, output_dir: Optional[Path]) -> None:
     """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
-    from .dist.launch import launch, result_rows
+    from .dist.launch import CPU_WORKLOAD, launch, result_rows
     from .harness.envinfo import fingerprint
-    from .report.console import render
     from .report.tables import bench_table
-    from .report.writer import ReportWriter, default_output_dir
+    from .report.writer import default_output_dir
 
+    if device not in ("auto", "cpu", "cuda"):
+        raise fail(out, f"--device {device}: accepted values are cpu, cuda, auto")
+    cuda = _cuda_visible()
+    if device == "cuda" and not cuda:
+        raise fail(out, "--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    dev = "cuda" if cuda and device != "cpu" else "cpu"
+    if dev == "cpu":
+        out.note("dist-adamw on CPU ranks (Gloo, Triton interpreter): a run-through, not a measurement; "
+                 f"default workload {CPU_WORKLOAD}.", "yellow")
+    default_workloads, default_steps = dist_defaults(dev)
+    workloads, steps = workloads or default_workloads, steps or default_steps
     folder = output_dir or default_output_dir("run", DIST_OP)
-    dev = "cuda" if _cuda_visible() else "cpu"
-    writer = ReportWriter(folder, fingerprint(dev, seed), "run")
-    outcome = "interrupted"
-    try:
-        for name in workloads:
-            with _usage_errors(), _progress() as on_progress:
-                on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
-                try:
-                    result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb,
-                                    gather_group=gather_group)
-                except RuntimeError as exc:
-                    writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
-                                "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",
-                                "flags": "", "tensor": "", "message": str(exc)[-2000:]})
-                    continue
-            for row in result_rows(result):
-                writer.add(row)
-        outcome = "complete"
-    finally:
-        writer.close(outcome)
-    render(console, f"run: {DIST_OP}", bench_table(writer.frame()))
-    console.print(f"Report: {folder}")
+    outcome, interruption = "failed", None
+    with interrupts():
+        writer = _open_report(out, folder, fingerprint(dev, 0), "run",
+                              {"nproc": nproc, "steps": steps, "bucket_mb": bucket_mb, "gather_group": gather_group})
+        try:
+            for name in workloads:
+                with usage_errors(out), _progress(out) as on_progress:
+                    on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
+                    try:
+                        result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb,
+                                        gather_group=gather_group, cpu=dev == "cpu")
+                    except RuntimeError as exc:
+                        writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
+                                    "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",
+                                    "flags": "", "tensor": "", "message": str(exc)[-2000:]})
+                        out.error(str(exc).splitlines()[0])
+                        continue
+                for row in result_rows(result):
+                    writer.add(row)
+            outcome = "complete"
+        except KeyboardInterrupt as exc:
+            outcome, interruption = "interrupted", interruption_name(exc)
+        finally:
+            writer.close(outcome, interruption)
+    out.table(f"run: {DIST_OP}", bench_table(writer.frame()), name="speed")
+    out.flush()
+    out.note(f"Report: {folder}")
+    if interruption:
+        raise fail(out, f"interrupted by {interruption}: the ranks were stopped; {folder} says so",
+                   interruption_code(interruption))
     if not any(r["status"] in ("ok", "not-measured") for r in writer.rows):
-        raise _fail(f"{DIST_OP}: no run completed (see the error rows)", Exit.NOTHING_RAN)
+        raise fail(out, f"{DIST_OP}: no run completed (see the error above and the error rows)", Exit.NOTHING_RAN)
+
+
+def dist_defaults(device: str) -> tuple[list[str], int]:
+    """dist-adamw's workloads and timed steps when none are given: ANCHORS' model on GPUs, a
+    model-shaped workload the interpreter finishes in seconds on CPU ranks."""
+    from .dist.launch import CPU_WORKLOAD
+
+    return (["model-370m"], 50) if device == "cuda" else ([CPU_WORKLOAD], 10)
 
 
 def _cuda_visible() -> bool:
@@ -313,7 +558,7 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_HELP)
 def autoselect(
     op: Annotated[str, typer.Argument(help="rmsnorm or rotary.")],
     shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: BxHqxHkxSxDxROTARY_DIM.")],
@@ -321,105 +566,131 @@ def autoselect(
     mode: Annotated[str, typer.Option("--mode", help="fwd or fwd+bwd.")] = "fwd+bwd",
     variant: Annotated[str, typer.Option("--variant", help="rotary: <style>-<layout>, e.g. half-bhsd.")] = "",
     refresh: Annotated[bool, typer.Option("--refresh", help="Measure again and overwrite the cached choice.")] = False,
+    fmt: FormatOpt = Format.table,
 ) -> None:
     """Show (measuring once, then from the on-disk cache) which implementation auto picks for a shape."""
-    import torch
-
-    from .nn.autoselect import autoselect_report
-
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    out = Output(fmt)
+    dtypes = ("bf16", "fp16", "fp32")
     if dtype not in dtypes:
-        raise _fail(f"--dtype {dtype}: accepted: {', '.join(dtypes)}")
+        raise fail(out, f"--dtype {dtype}: accepted: {', '.join(dtypes)}")
     try:
         dims = tuple(int(d) for d in shape.lower().split("x"))
     except ValueError:
-        raise _fail(f"--shape {shape}: expected integers separated by x, e.g. 16x2048x4096") from None
+        raise fail(out, f"--shape {shape}: expected integers separated by x, e.g. 16x2048x4096") from None
+    from .nn.autoselect import autoselect_report
+    from .ops.base import torch_dtype
+
     try:
-        report = autoselect_report(op, dims, dtypes[dtype], mode=mode, variant=variant, refresh=refresh)
+        report = autoselect_report(op, dims, torch_dtype(dtype), mode=mode, variant=variant, refresh=refresh)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
-    table = Table(title=f"autoselect {op} {shape} {dtype} {mode}", header_style="bold")
-    table.add_column("implementation")
-    table.add_column("median ms", justify="right")
-    for impl, ms in report["times_ms"].items():
-        mark = " (chosen)" if impl == report["choice"] else ""
-        table.add_row(impl + mark, "not measured" if ms is None else f"{ms:.4f}")
-    console.print(table)
-    console.print(f"choice: [bold]{report['choice']}[/] ({report['reason']}); source: {report['source']}; "
-                  f"cache: {report['cache_file']}")
+        raise fail(out, str(exc)) from None
+    rows = [{"implementation": impl + (" (chosen)" if impl == report["choice"] else ""),
+             "median ms": "not measured" if ms is None else ms} for impl, ms in report["times_ms"].items()]
+    out.table(f"autoselect {op} {shape} {dtype} {mode}", rows, name="autoselect")
+    out.flush()
+    out.note(f"choice: {report['choice']} ({report['reason']}); source: {report['source']}; "
+             f"cache: {report['cache_file']}")
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_HELP)
 def parity(
     op: Annotated[str, typer.Argument(help="Op to check.")],
-    steps: Annotated[int, typer.Option(help="Steps (optimizers) or fresh input draws (functions).")] = 10,
-    atol: Annotated[Optional[float], typer.Option(help="Override the op's absolute tolerance.")] = None,
-    rtol: Annotated[Optional[float], typer.Option(help="Override the op's relative tolerance.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps (optimizers) or fresh input draws (functions) compared, >= 1 (run's --parity-steps).")] = 10,
+    atol: Annotated[Optional[float], typer.Option(help="Override the op's absolute tolerance (>= 0).")] = None,
+    rtol: Annotated[Optional[float], typer.Option(help="Override the op's relative tolerance (>= 0).")] = None,
     candidate: CandidateOpt = None,
     workload: WorkloadOpt = None,
     mode: ModeOpt = None,
     state: StateOpt = None,
     device: DeviceOpt = "auto",
     output_dir: OutputOpt = None,
-    seed: SeedOpt = 0,
+    fmt: FormatOpt = Format.table,
+    parity_detail: ParityDetailOpt = "worst",
+    seed: SeedOpt = None,
 ) -> None:
     """Check every runnable candidate against the op's reference from identical seeded inputs."""
     from .config import Entry
 
+    out = Output(fmt)
     tags = {"state": state} if state else {}
-    with _usage_errors():
+    with usage_errors(out):
+        check_range("--steps", steps, minimum=1)
+        check_range("--atol", atol, minimum=0)
+        check_range("--rtol", rtol, minimum=0)
+        if parity_detail not in ("worst", "full"):
+            raise UsageError(f"--parity-detail {parity_detail}: accepted: worst, full")
+        check_output_dir(output_dir)
         get_op(op).select(candidate, tags)
+        _check_tags(op, candidate, tags)
+        _check_names(op, workload, mode)
+        _check_parity_candidates(op, candidate)
     entry = Entry(op, workload, candidate, mode, tags, steps=steps, atol=atol, rtol=rtol)
-    _execute("parity", op, [], [entry], {}, device, output_dir, seed)
+    _execute(out, "parity", op, [], [entry], {}, device, output_dir, seed or 0, detail=parity_detail)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_HELP)
 def compare(
     base: Annotated[Path, typer.Argument(help="Report folder of the baseline run.")],
     new: Annotated[Path, typer.Argument(help="Report folder of the new run.")],
-    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression (0.05 = 5%); a row's own noise raises it.")] = 0.05,
-    force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions anyway.")] = False,
-    output_dir: OutputOpt = None,
+    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression, >= 0 (0.05 = 5%); a row's own noise (IQR / median) raises it.")] = 0.05,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions anyway (the output says so).")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Accept rows of BASE absent from NEW, or no row in common (otherwise exit 2).")] = False,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Also write compare.csv and compare.md into this folder [default: none: print only].")] = None,
+    fmt: FormatOpt = Format.table,
 ) -> None:
-    """Ratio of medians per matching row of two report folders; exit 3 on a regression."""
+    """Ratio of medians per matching row of two report folders; exit 3 on a regression.
+
+    A row regressed when NEW / BASE exceeds 1 + the threshold (the larger of --threshold and
+    either row's IQR / median); a parity check that passed in BASE and fails in NEW, or a
+    candidate that errors in NEW, is a regression too."""
+    out = Output(fmt)
+    with usage_errors(out):
+        check_range("--threshold", threshold, minimum=0)
+        check_output_dir(output_dir)
     from .report.compare import compare_reports
-    from .report.console import render
     from .report.tables import to_markdown
 
-    with _usage_errors():
-        result = compare_reports(base, new, min_threshold=threshold, force=force)
+    with usage_errors(out):
+        result = compare_reports(base, new, min_threshold=threshold, force=force, allow_missing=allow_missing)
     if result.mismatches:
-        console.print("[yellow]--force: comparing across environments: " + "; ".join(result.mismatches) + "[/]")
-    render(console, f"compare {base} -> {new}", result.table)
+        out.warn("--force: comparing across environments: " + "; ".join(result.mismatches))
+    out.table(f"compare {base} -> {new}", result.table, name="compare")
+    out.flush()
     for title, names in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
         if names:
-            console.print(f"{title}: " + ", ".join(names))
+            out.note(f"{title}: " + ", ".join(names))
     if output_dir:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        result.table.to_csv(output_dir / "compare.csv", index=False)
-        (output_dir / "compare.md").write_text(f"# compare {base} -> {new}\n\n" + to_markdown(result.table))
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            result.table.to_csv(output_dir / "compare.csv", index=False)
+            (output_dir / "compare.md").write_text(f"# compare {base} -> {new}\n\n" + to_markdown(result.table))
+        except OSError as exc:
+            raise fail(out, f"--output-dir {output_dir}: cannot write there ({exc.strerror or exc})") from None
     if not result.regressions.empty:
-        raise _fail(f"{len(result.regressions)} regression(s)", Exit.REGRESSION)
+        raise fail(out, f"{len(result.regressions)} regression(s)", Exit.REGRESSION)
     if result.table.empty:
-        console.print("[yellow]no rows in common between the two reports[/]")
+        out.warn("no timed rows in common between the two reports (--allow-missing)")
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_HELP)
 def env(
     device: DeviceOpt = "auto",
-    ceilings: Annotated[bool, typer.Option("--ceilings", help="Also measure copy bandwidth and bf16 matmul rate (CUDA).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ceilings: Annotated[bool, typer.Option("--ceilings", help="Also measure copy bandwidth and bf16 matmul rate (CUDA only; takes a few seconds).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the fingerprint as one JSON object (what run.json records).")] = False,
 ) -> None:
     """The environment fingerprint that every report records."""
+    import json
+
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device
 
-    with _usage_errors():
+    out = Output(Format.json if as_json else Format.table)
+    with usage_errors(out):
         dev = resolve_device(device)
     info = fingerprint(dev, seed=0)
     if ceilings:
         if dev != "cuda":
-            raise _fail("--ceilings needs CUDA")
+            raise fail(out, "--ceilings needs CUDA")
         import torch
 
         from .harness.ceilings import measure_ceilings
@@ -428,10 +699,7 @@ def env(
     if as_json:
         print(json.dumps(info, indent=1, default=str))
         return
-    table = Table(title="kernelbench env", show_header=False)
-    for key, value in info.items():
-        table.add_row(key, str(value))
-    console.print(table)
+    out.table("kernelbench env", [{"key": k, "value": str(v)} for k, v in info.items()], name="env")
 
 
 @app.command("train")
@@ -510,8 +778,8 @@ def plot_cmd(
 
 
 def main() -> None:  # pragma: no cover - console script entry
-    app()
+    app(prog_name="kernelbench")
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    main()

@@ -87,10 +87,20 @@ def _str_list(path: Path, where: str, key: str, value: Any) -> list[str]:
     return value
 
 
-def _entry(path: Path, where: str, table: dict, allowed: set[str]) -> Entry:
+def _entry(path: Path, where: str, table: Any, allowed: set[str]) -> Entry:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {where} = {table!r}: expected a table (write it as {where.split()[0]})")
     _check_keys(path, where, table, allowed)
     if "op" not in table:
         raise ConfigError(f"{path}: {where} has no 'op' key")
+    for key in ("workloads", "candidates", "modes", "exclude"):
+        if key in table:
+            _str_list(path, where, key, table[key])
+    if "steps" in table and _typed(path, where, "steps", table["steps"], int) < 1:
+        raise ConfigError(f"{path}: {where}.steps = {table['steps']}: must be at least 1")
+    for key in ("atol", "rtol"):
+        if key in table and _typed(path, where, key, table[key], (int, float)) < 0:
+            raise ConfigError(f"{path}: {where}.{key} = {table[key]}: must be >= 0")
     try:
         op = get_op(_typed(path, where, "op", table["op"], str))
         for name in table.get("workloads", []):
@@ -130,11 +140,19 @@ def load_suite(path: Path) -> Suite:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     _check_keys(path, "the top level", doc, TOP_KEYS)
     settings = doc.get("suite", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: suite = {settings!r}: expected a [suite] table")
+    for key in ("bench", "parity"):
+        if not isinstance(doc.get(key, []), list):
+            raise ConfigError(f"{path}: {key} = {doc[key]!r}: expected [[{key}]] tables")
     _check_keys(path, "[suite]", settings, SUITE_KEYS)
     for key, kind in (("warmup_ms", (int, float)), ("rep_ms", (int, float)), ("rounds", int),
                       ("cuda_graph", bool), ("flush_l2", bool), ("device", str)):
         if key in settings:
             _typed(path, "[suite]", key, settings[key], kind)
+    for key, low, what in (("warmup_ms", 0, ">= 0"), ("rep_ms", 1e-9, "> 0"), ("rounds", 1, ">= 1")):
+        if key in settings and settings[key] < low:
+            raise ConfigError(f"{path}: [suite].{key} = {settings[key]}: must be {what}")
     if settings.get("device", "auto") not in ("cpu", "cuda", "auto"):
         raise ConfigError(f"{path}: [suite].device = {settings['device']!r}: accepted: cpu, cuda, auto")
     bench = [_entry(path, f"[[bench]] #{i + 1}", t, ENTRY_KEYS) for i, t in enumerate(doc.get("bench", []))]

@@ -185,6 +185,13 @@ def environment(device: torch.device, backend: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        from kernelbench.dist.launch import die_with_parent
+
+        # Started by torchrun: end with it, even when it is killed without a chance to stop us.
+        die_with_parent()
+        if os.getppid() == 1:
+            raise SystemExit("dist-adamw rank: the launcher is gone")
     from kernelbench.optim.sharded_adamw import ShardedAdamW
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -3,8 +3,14 @@
     from kernelbench.dist.launch import launch
     result = launch(nproc=2, workload="model-370m", steps=50, output=Path("results/dist-adamw.json"))
 
-On a machine with GPUs each rank gets one GPU and NCCL; without them the ranks are CPU processes
-on Gloo with the Triton interpreter (a check that everything runs, not a measurement).
+On a machine with GPUs each rank gets one GPU and NCCL; without them (or with ``cpu=True``) the
+ranks are CPU processes on Gloo with the Triton interpreter (a check that everything runs, not a
+measurement).
+
+However the caller ends (an exception, Ctrl-C, SIGTERM raised as an exception, the timeout), the
+launcher and every rank end with it: torchrun starts each rank in a session of its own, so the
+ranks are found through /proc and killed one by one; and on Linux torchrun and the ranks get a
+parent-death signal, so even a caller killed with SIGKILL leaves no rank behind.
 """
 
 from __future__ import annotations
@@ -23,6 +29,53 @@ from kernelbench.ops.base import UsageError, unknown_name_error
 
 # NVLink multicast must stay off on the GPU machines: NCCL's NVLS and torch's symmetric memory.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+# What CPU ranks run by default: a model-shaped workload the interpreter finishes in seconds.
+CPU_WORKLOAD = "model-tiny"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: have the kernel send ``sig`` to this process when its parent exits (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children in sessions of their own included), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """Kills the launcher and every process below it, and reaps the launcher."""
+    for _ in range(3):  # a rank may be starting while we look
+        pids = descendants(proc.pid)
+        for pid in [proc.pid, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not pids:
+            break
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
@@ -37,7 +90,8 @@ def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int 
 
 
 def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-           bucket_mb: float | None = None, gather_group: bool = False, timeout_s: float = 900.0) -> dict[str, Any]:
+           bucket_mb: float | None = None, gather_group: bool = False, timeout_s: float = 900.0,
+           cpu: bool = False) -> dict[str, Any]:
     """Runs the worker on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
     Raises UsageError for bad arguments (checked here, before any process starts), and
@@ -49,7 +103,9 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
         raise unknown_name_error("workload", workload, workloads())
     if nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {nproc}")
-    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+    if bucket_mb is not None and bucket_mb <= 0:
+        raise UsageError(f"--bucket-mb must be > 0, got {bucket_mb:g}")
+    if not cpu and torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise UsageError(f"--nproc {nproc} needs {nproc} GPUs; {torch.cuda.device_count()} visible")
     if steps < 1 or warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
@@ -58,7 +114,9 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
     if output.exists():
         output.unlink()  # so a stale file is never mistaken for this run's result
     env = {**os.environ, **MULTICAST_OFF}
-    if not torch.cuda.is_available():
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the ranks see no GPU, so they take Gloo and the CPU
+    if cpu or not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
     # The worker is started with -m: make this checkout importable whether or not it is installed.
     package_root = str(Path(__file__).resolve().parents[2])
@@ -66,17 +124,21 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
 
     cmd = command(nproc, workload, steps, output, warmup=warmup, bucket_mb=bucket_mb, gather_group=gather_group)
     # A session of its own, so that a timeout kills torchrun and every rank it started.
+    # torchrun ends its ranks on SIGTERM; it gets one when this process dies, however it dies.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     try:
         log, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_tree(proc)
         log, _ = proc.communicate()
         raise RuntimeError(
             f"dist-adamw: no result after {timeout_s:.0f} s (a rank hung?); killed. Command: {' '.join(cmd)}\n"
             + _tail(log)
         ) from None
+    except BaseException:
+        stop_tree(proc)  # Ctrl-C, SIGTERM, any error of the caller's: no rank outlives it
+        raise
     result = _read_result(output)
     if result is None:
         raise RuntimeError(

@@ -303,16 +303,22 @@ def _roofline_rows(op, workload, mode, name, value, metric, unit, ceiling, pct_m
 PARITY_METRICS = (("max_abs", "parity_max_abs"), ("max_rel", "parity_max_rel"),
                   ("mean_abs", "parity_mean_abs"), ("rel_fro", "parity_rel_fro"),
                   ("n_outside", "parity_n_outside"), ("nan_mismatch", "parity_nan_mismatch"))
+# Per-tensor rows of a check: every failing tensor plus the few worst passing ones by each of
+# these measures ("worst"), or every tensor ("full"); a model has hundreds of tensors.
+PARITY_DETAIL = ("worst", "full")
+WORST_TENSORS = 3
 
 
 def run_parity(plan: Iterable[PlanItem], device: str, sink: RowSink, *, steps: int,
-               atol: float | None = None, rtol: float | None = None,
+               atol: float | None = None, rtol: float | None = None, detail: str = "worst",
                on_progress: Callable[[str], None] | None = None) -> RunSummary:
     """Runs the reference and every runnable candidate from identical seeded inputs for
     ``steps`` steps (optimizers: the same gradient stream; functions: fresh inputs per step)
     and compares every named tensor after each step."""
     if steps < 1:
         raise UsageError(f"--steps {steps}: must be at least 1")
+    if detail not in PARITY_DETAIL:
+        raise UsageError(f"--parity-detail {detail}: accepted: {', '.join(PARITY_DETAIL)}")
     summary = RunSummary()
     emit = _Emitter(sink, summary)
     override = None
@@ -324,13 +330,15 @@ def run_parity(plan: Iterable[PlanItem], device: str, sink: RowSink, *, steps: i
             for mode in item.modes:
                 if on_progress:
                     on_progress(f"parity {item.op.name} {workload.name} {mode}")
-                _parity_group(item.op, item.candidates, workload, mode, device, steps, override, emit, summary)
+                _parity_group(item.op, item.candidates, workload, mode, device, steps, override, emit, summary,
+                              detail)
                 _free_memory()
     return summary
 
 
 def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode: str, device: str,
-                  steps: int, override: Tolerance | None, emit: _Emitter, summary: RunSummary) -> None:
+                  steps: int, override: Tolerance | None, emit: _Emitter, summary: RunSummary,
+                  detail: str = "worst") -> None:
     def fail_all(message: str) -> None:
         for cand in runnable:
             summary.parity_checks += 1
@@ -400,8 +408,17 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
         if not passed:
             summary.parity_failures += 1
             summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name}")
-        for row in _parity_rows(op, workload, mode, name, ref_name, tracker, steps):
+        for row in _parity_rows(op, workload, mode, name, ref_name, tracker, steps, detail):
             emit(row)
+
+
+def _finite(value) -> float:
+    """Ranks NaN / inf first among the worst (they are the tensors a reader needs to see)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return float("inf") if value != value else value
 
 
 class _Tracker:
@@ -442,9 +459,14 @@ class _Tracker:
 
 
 def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
-                 tracker: _Tracker, steps: int) -> list[dict]:
+                 tracker: _Tracker, steps: int, detail: str = "worst") -> list[dict]:
     rows = []
     failing = []
+    entries = list(tracker.tensors)
+    shown = {id(e) for _, e in entries if detail == "full" or not e.passed}
+    for attr in ("rel_fro", "max_abs", "max_rel"):
+        ranked = sorted(entries, key=lambda te: -_finite(getattr(te[1].worst, attr)))
+        shown.update(id(e) for _, e in ranked[:WORST_TENSORS])
     for tol, entry in tracker.tensors:
         status = PASS if entry.passed else FAIL
         if not entry.passed:
@@ -453,14 +475,20 @@ def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str
                     else f"atol {tol.atol:g}, rtol {tol.rtol:g}")
         if tol.reason:
             tol_text += f" ({tol.reason})"
+        if id(entry) not in shown:
+            continue
         worst = entry.worst
         for attr, metric in PARITY_METRICS:
             rows.append(_row(op, workload, mode, name, metric, getattr(worst, attr), "", status,
                              tol_text, tensor=entry.name))
-        rows.append(_row(op, workload, mode, name, "parity_first_failed_step",
-                         entry.first_failed_step, "step", status, tol_text, tensor=entry.name))
-    compared = len(list(tracker.tensors))
+        if not entry.passed:
+            rows.append(_row(op, workload, mode, name, "parity_first_failed_step",
+                             entry.first_failed_step, "step", status, tol_text, tensor=entry.name))
+    compared = len(entries)
     message = f"{compared} tensors vs {ref_name} over {steps} step(s)"
+    if detail != "full" and len(shown) < compared:
+        message += (f"; per-tensor rows for the failing and the {WORST_TENSORS} worst by each measure "
+                    f"({len(shown)} of {compared}; --parity-detail full for all)")
     if failing:
         message += "; failing: " + ", ".join(failing[:8]) + (" ..." if len(failing) > 8 else "")
     if tracker.not_compared:

@@ -14,8 +14,6 @@ Bytes model per parameter: read p, g, m and write p, m; m is 4 / 2 / 1 bytes by 
 
 from __future__ import annotations
 
-import torch
-
 from .base import Requires, Tolerance
 from .optim_workloads import (
     FUSED_QKV_470M,
@@ -61,6 +59,8 @@ def official(named_params, *, lr, betas, eps, weight_decay, dim, n_heads, n_kv_h
                      tags={"algo": "adamw"})
 def torch_adamw_fused(named_params, *, lr, betas, eps, weight_decay, **_model_shape):
     """torch.optim.AdamW(fused=True): the speed and state-memory anchor (not Adam-mini)."""
+    import torch
+
     return torch.optim.AdamW([p for _, p in named_params], lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay, fused=True)
 
@@ -88,9 +88,9 @@ _FP8_STATE = Tolerance(1e-3, 1e-2, fro=5e-2, reason="m in e4m3 (2^-4 relative) w
 
 adam_mini.candidate("triton-fp32", requires=Requires(triton=True), tags={"state": "fp32"})(_triton_adam_mini("fp32"))
 adam_mini.candidate("triton-bf16", requires=Requires(triton=True), tags={"state": "bf16"},
-                    tolerance={torch.float32: _BF16_STATE, torch.bfloat16: _BF16_STATE})(_triton_adam_mini("bf16"))
+                    tolerance={"fp32": _BF16_STATE, "bf16": _BF16_STATE})(_triton_adam_mini("bf16"))
 adam_mini.candidate("triton-fp8", requires=Requires(triton=True), tags={"state": "fp8"},
-                    tolerance={torch.float32: _FP8_STATE})(_triton_adam_mini("fp8"))
+                    tolerance={"fp32": _FP8_STATE})(_triton_adam_mini("fp8"))
 
 
 adam_mini_preset = OptimizerOp(
@@ -117,6 +117,6 @@ def torch_reference(named_params, *, lr, betas, eps, weight_decay, dim, n_heads,
 adam_mini_preset.candidate("triton-fp32", requires=Requires(triton=True), tags={"state": "fp32"})(
     _triton_adam_mini("fp32"))
 adam_mini_preset.candidate("triton-bf16", requires=Requires(triton=True), tags={"state": "bf16"},
-                           tolerance={torch.float32: _BF16_STATE})(_triton_adam_mini("bf16"))
+                           tolerance={"fp32": _BF16_STATE})(_triton_adam_mini("bf16"))
 adam_mini_preset.candidate("triton-fp8", requires=Requires(triton=True), tags={"state": "fp8"},
-                           tolerance={torch.float32: _FP8_STATE})(_triton_adam_mini("fp8"))
+                           tolerance={"fp32": _FP8_STATE})(_triton_adam_mini("fp8"))

@@ -5,8 +5,6 @@ Bytes model: read p, g, m, v and write p, m, v, 4 bytes each: 28 bytes per param
 
 from __future__ import annotations
 
-import torch
-
 from .base import Requires
 from .optim_workloads import MODEL_370M, MODEL_TINY, SINGLE_4096x1024, TINY
 from .optimizer_op import OptimizerOp
@@ -23,6 +21,8 @@ adamw = OptimizerOp(
 
 
 def _torch_adamw(named_params, **kwargs):
+    import torch
+
     return torch.optim.AdamW([p for _, p in named_params], **kwargs)
 
 

@@ -18,9 +18,10 @@ import abc
 import difflib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 REGISTRY: dict[str, "Op"] = {}
 
@@ -59,12 +60,42 @@ class Tolerance:
     reason: str = ""
 
 
+# Dtypes are named by strings in workload specs and tolerance tables, so that the registry (and
+# `kernelbench list`, `--help`) loads without importing torch; torch dtypes are accepted too.
+DTYPE_NAMES = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_LONG_NAMES = {short: long for long, short in DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: "str | torch.dtype") -> str:
+    """"fp32" for torch.float32, "float32" or "fp32"; other dtypes by torch's own name."""
+    name = str(dtype).removeprefix("torch.")
+    return DTYPE_NAMES.get(name, name)
+
+
+def torch_dtype(dtype: "str | torch.dtype") -> "torch.dtype":
+    """The torch dtype a spec names ("bf16", "float32", or a torch dtype already)."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = _LONG_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; accepted: {', '.join(_LONG_NAMES)}")
+    return value
+
+
+def by_dtype(table: "Mapping[Any, Tolerance] | None") -> dict[str, Tolerance]:
+    """A tolerance table keyed by dtype names, whichever way its keys were written."""
+    return {dtype_name(k): v for k, v in (table or {}).items()}
+
+
 # Defaults by dtype; METHOD.md: fp32 1e-5, bf16 1e-2 (relative).
-DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
-    torch.float64: Tolerance(1e-10, 1e-8),
-    torch.float32: Tolerance(1e-6, 1e-5),
-    torch.float16: Tolerance(1e-3, 1e-2),
-    torch.bfloat16: Tolerance(1e-2, 1e-2),
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp64": Tolerance(1e-10, 1e-8),
+    "fp32": Tolerance(1e-6, 1e-5),
+    "fp16": Tolerance(1e-3, 1e-2),
+    "bf16": Tolerance(1e-2, 1e-2),
 }
 
 
@@ -99,6 +130,8 @@ class Requires:
             if self.triton and not _interpreter_on():
                 return "triton kernels need CUDA or TRITON_INTERPRET=1"
             return None
+        import torch
+
         if not torch.cuda.is_available():
             return "needs CUDA (none visible)"
         if torch.cuda.device_count() < self.min_gpus:
@@ -139,7 +172,7 @@ class Candidate:
     baseline: bool = False
     parity: bool = True
     mutates_inputs: bool = False
-    tolerance: Mapping[torch.dtype, Tolerance] | None = None
+    tolerance: Mapping[str, Tolerance] | None = None  # by dtype name (see by_dtype)
     doc: str = ""
 
 
@@ -183,10 +216,10 @@ class Op(abc.ABC):
         doc: str,
         workloads: Sequence[Workload],
         reference: str | Callable[..., Any],
-        tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        tolerances: Mapping[Any, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
-        tensor_tolerances: Mapping[str, Mapping[torch.dtype, Tolerance]] | None = None,
+        tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
     ) -> None:
         if name in REGISTRY:
             raise ValueError(f"op '{name}' declared twice")
@@ -194,9 +227,9 @@ class Op(abc.ABC):
         self.doc = doc
         self.workloads = {w.name: w for w in workloads}
         self.reference = reference
-        self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+        self.tolerances = {**DEFAULT_TOLERANCES, **by_dtype(tolerances)}
         # Per result-tensor overrides (e.g. a gradient that sums M rounded products).
-        self.tensor_tolerances = {k: dict(v) for k, v in (tensor_tolerances or {}).items()}
+        self.tensor_tolerances = {k: by_dtype(v) for k, v in (tensor_tolerances or {}).items()}
         self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
         # The candidate every other one's time is divided by in reports (ANCHORS.md's anchor).
         self.speed_anchor = speed_anchor
@@ -213,7 +246,7 @@ class Op(abc.ABC):
         baseline: bool = False,
         parity: bool = True,
         mutates_inputs: bool = False,
-        tolerance: Mapping[torch.dtype, Tolerance] | None = None,
+        tolerance: Mapping[Any, Tolerance] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``build`` as candidate ``name`` of this op."""
 
@@ -233,7 +266,7 @@ class Op(abc.ABC):
                 baseline=baseline,
                 parity=parity,
                 mutates_inputs=mutates_inputs,
-                tolerance=tolerance,
+                tolerance=by_dtype(tolerance) if tolerance else None,
                 doc=(build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else "",
             )
             return build
@@ -278,14 +311,15 @@ class Op(abc.ABC):
                 chosen.append(cand)
         return chosen
 
-    def tolerance_for(self, candidate: Candidate | None, dtype: torch.dtype, tensor: str = "") -> Tolerance:
+    def tolerance_for(self, candidate: Candidate | None, dtype: "str | torch.dtype", tensor: str = "") -> Tolerance:
         """Candidate override, else the op's override for this result tensor, else by dtype."""
+        dtype = dtype_name(dtype)
         if candidate is not None and candidate.tolerance and dtype in candidate.tolerance:
             return candidate.tolerance[dtype]
         by_tensor = self.tensor_tolerances.get(tensor, {})
         if dtype in by_tensor:
             return by_tensor[dtype]
-        return self.tolerances.get(dtype, DEFAULT_TOLERANCES[torch.float32])
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES["fp32"])
 
     # -- what subclasses provide ----------------------------------------------------------------
     def modes(self) -> tuple[str, ...]:
@@ -306,7 +340,9 @@ class Op(abc.ABC):
         return None
 
 
-def generator(device: str, seed: int) -> torch.Generator:
+def generator(device: str, seed: int) -> "torch.Generator":
+    import torch
+
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen

@@ -10,11 +10,12 @@ inputs as keyword arguments and returns a tensor or a tuple of tensors (named by
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .base import Candidate, Op, Tolerance, Workload, generator
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("fwd", "fwd+bwd")
 
@@ -35,10 +36,10 @@ class FunctionOp(Op):
         modes: Sequence[str] = ("fwd",),
         bytes_moved: Callable[[Workload, str], int] | None = None,
         flops: Callable[[Workload, str], int] | None = None,
-        tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        tolerances: Mapping[Any, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
-        tensor_tolerances: Mapping[str, Mapping[torch.dtype, Tolerance]] | None = None,
+        tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
     ) -> None:
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
@@ -62,6 +63,8 @@ class FunctionOp(Op):
         return FunctionCase(self, candidate.build(), workload, device, mode, candidate.mutates_inputs)
 
     def make_reference_case(self, workload: Workload, device: str, mode: str) -> "FunctionCase":
+        import torch
+
         # Higher precision where the device allows it: fp64 on the CPU, fp32 on the GPU.
         upcast = torch.float64 if device == "cpu" else torch.float32
         return FunctionCase(self, self.reference, workload, device, mode, mutates=False, upcast=upcast)
@@ -95,6 +98,8 @@ class FunctionCase:
         self.set_step(0)
 
     def set_step(self, step: int) -> None:
+        import torch
+
         gen = generator(self.device, self.workload.seed * 1_000_003 + step)
         inputs = self.op.make_inputs(self.workload, self.device, gen)
         self.input_dtypes = {k: v.dtype for k, v in inputs.items() if isinstance(v, torch.Tensor)}
@@ -112,6 +117,8 @@ class FunctionCase:
     def prepare(self) -> None:
         self.outputs = None  # free the last result before the next one is made
         if self.pristine is not None:
+            import torch
+
             with torch.no_grad():
                 for name, value in self.pristine.items():
                     self.inputs[name].copy_(value)
@@ -124,6 +131,8 @@ class FunctionCase:
         outputs = out if isinstance(out, tuple) else (out,)
         self.outputs = outputs
         if self.backward:
+            import torch
+
             if self.grad_outputs is None:
                 self.grad_outputs = self._make_grad_outputs(outputs)
             torch.autograd.backward(outputs, self.grad_outputs)
@@ -131,6 +140,8 @@ class FunctionCase:
     def _make_grad_outputs(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         # Drawn in fp32 and rounded to the workload's dtype first, so the fp32 / fp64 reference
         # back-propagates exactly the upstream gradient the candidate sees.
+        import torch
+
         gen = generator(self.device, self.grad_seed)
         base_dtype = next(iter(self.input_dtypes.values()))
         grads = []
@@ -163,6 +174,7 @@ _ANCHOR_RECOMPILE_LIMIT = 256
 def compile_anchor(fn: Callable[..., Any]) -> Callable[..., Any]:
     """torch.compile(fn, dynamic=False) for an anchor timed on many shapes in one process: the
     recompile limit is raised so that every shape gets compiled code."""
+    import torch
     import torch._dynamo.config as dynamo_config
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
@@ -171,6 +183,8 @@ def compile_anchor(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _upcast(value: Any, dtype: torch.dtype) -> Any:
+    import torch
+
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.to(dtype)
     return value

@@ -12,10 +12,13 @@ no longer appear to beat the matmul ceiling.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from .base import Requires, Tolerance, Workload
+from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+
+if TYPE_CHECKING:
+    import torch
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -37,8 +40,10 @@ def newton_schulz_ref(G: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7)
 
 
 def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
+    import torch
+
     G = torch.randn(workload.spec["shape"], generator=gen, device=device, dtype=torch.float32)
-    return {"G": G.to(workload.spec["dtype"])}
+    return {"G": G.to(torch_dtype(workload.spec["dtype"]))}
 
 
 def _flops(workload: Workload, mode: str) -> int:
@@ -54,7 +59,9 @@ def _bytes(workload: Workload, mode: str) -> int:
     numel = 1
     for s in workload.spec["shape"]:
         numel *= s
-    return 2 * numel * torch.empty((), dtype=workload.spec["dtype"]).element_size()
+    import torch
+
+    return 2 * numel * torch.empty((), dtype=torch_dtype(workload.spec["dtype"])).element_size()
 
 
 def _workload(name, tier, shape, dtype, seed=0) -> Workload:
@@ -65,12 +72,12 @@ muon_ns = FunctionOp(
     "muon-ns",
     doc="Newton-Schulz orthogonalisation (Muon), 5 quintic iterations",
     workloads=[
-        _workload("64x64-fp32", "cpu", (64, 64), torch.float32, seed=1),
-        _workload("96x40-fp32", "cpu", (96, 40), torch.float32, seed=2),
-        _workload("3x32x48-fp32", "cpu", (3, 32, 48), torch.float32, seed=3),
-        *[_workload(f"{n}-bf16", "gpu", (n, n), torch.bfloat16) for n in (1024, 2048, 4096, 8192)],
-        _workload("4096x1024-bf16", "gpu", (4096, 1024), torch.bfloat16),
-        _workload("2048x512-bf16", "gpu", (2048, 512), torch.bfloat16),
+        _workload("64x64-fp32", "cpu", (64, 64), "fp32", seed=1),
+        _workload("96x40-fp32", "cpu", (96, 40), "fp32", seed=2),
+        _workload("3x32x48-fp32", "cpu", (3, 32, 48), "fp32", seed=3),
+        *[_workload(f"{n}-bf16", "gpu", (n, n), "bf16") for n in (1024, 2048, 4096, 8192)],
+        _workload("4096x1024-bf16", "gpu", (4096, 1024), "bf16"),
+        _workload("2048x512-bf16", "gpu", (2048, 512), "bf16"),
     ],
     speed_anchor="torch-eager",
     make_inputs=_inputs,
@@ -82,9 +89,9 @@ muon_ns = FunctionOp(
     # Element-wise error is meaningless for an iteration that amplifies rounding; the issue's
     # criterion is the relative Frobenius error (2e-2 in bf16).
     tolerances={
-        torch.float32: Tolerance(1e-3, 1e-3, fro=1e-4, reason="relative Frobenius error"),
-        torch.float16: Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
-        torch.bfloat16: Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
+        "fp32": Tolerance(1e-3, 1e-3, fro=1e-4, reason="relative Frobenius error"),
+        "fp16": Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
+        "bf16": Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
     },
 )
 
@@ -94,7 +101,7 @@ muon_ns = FunctionOp(
 # ours 0.8e-2..1.2e-2): the baselines get a looser bf16 bound so the anchors run in CI, while
 # kernelbench's candidates keep 2e-2.
 _TORCH_BF16 = {
-    torch.bfloat16: Tolerance(0.05, 0.05, fro=3.5e-2,
+    "bf16": Tolerance(0.05, 0.05, fro=3.5e-2,
                               reason="torch's own bf16 iteration: measured 1.7e-2..3.0e-2 from fp32 on an H200"),
 }
 
@@ -114,7 +121,7 @@ def torch_compile():
 # kernelbench's Triton paths iterate in bf16 whatever the input dtype (as Muon does), so on the
 # fp32 CPU workloads they are held to the bf16 bound, not to fp32's.
 _BF16_ITERATION = {
-    torch.float32: Tolerance(
+    "fp32": Tolerance(
         5e-2, 5e-2, fro=3e-2,
         reason="iterates in bf16 (fp32 accumulation) on fp32 input; at 64x64 bf16 rounding alone "
         "gives 2.2e-2 against fp64 (torch's own bf16 iteration: 3.0e-2)",

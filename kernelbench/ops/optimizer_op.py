@@ -16,11 +16,12 @@ candidate and the reference see the same parameters and the same gradient stream
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import torch
+from .base import Candidate, Op, StateBytes, Tolerance, Workload, generator, torch_dtype
 
-from .base import Candidate, Op, StateBytes, Tolerance, Workload, generator
+if TYPE_CHECKING:
+    import torch
 
 
 def workload_numel(workload: Workload) -> int:
@@ -28,7 +29,9 @@ def workload_numel(workload: Workload) -> int:
 
 
 def make_named_params(workload: Workload, device: str, gen: torch.Generator) -> list[tuple[str, torch.Tensor]]:
-    dtype = workload.spec.get("dtype", torch.float32)
+    import torch
+
+    dtype = torch_dtype(workload.spec.get("dtype", "fp32"))
     params = []
     for name, shape in workload.spec["shapes"]:
         t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02
@@ -48,10 +51,10 @@ class OptimizerOp(Op):
         reference: str,
         hyperparams: Mapping[str, Any],
         bytes_per_param: Callable[[Candidate], int] | None = None,
-        tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        tolerances: Mapping[Any, Tolerance] | None = None,
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
-        tensor_tolerances: Mapping[str, Mapping[torch.dtype, Tolerance]] | None = None,
+        tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
         grad_scale: float = 1.0,
     ) -> None:
         super().__init__(
@@ -81,6 +84,8 @@ class OptimizerOp(Op):
 
 class OptimizerCase:
     def __init__(self, op: OptimizerOp, build: Callable[..., torch.optim.Optimizer], workload: Workload, device: str) -> None:
+        import torch
+
         self.op, self.workload, self.device = op, workload, device
         gen = generator(device, workload.seed)
         self.named_params = [
@@ -93,6 +98,8 @@ class OptimizerCase:
         self.optimizer = build(self.named_params, **op.hyperparams_for(workload))
 
     def set_step(self, step: int) -> None:
+        import torch
+
         gen = generator(self.device, self.workload.seed * 7919 + step + 1)
         for _, p in self.named_params:
             g = torch.randn(p.shape, generator=gen, device=self.device, dtype=torch.float32)
@@ -105,6 +112,8 @@ class OptimizerCase:
         self.optimizer.step()
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        import torch
+
         result: dict[str, torch.Tensor] = {}
         for name, p in self.named_params:
             result[name] = p.detach()
@@ -120,6 +129,8 @@ class OptimizerCase:
         memory it did not allocate), the bytes of the tensors in its state."""
         tensor_bytes = self._state_tensor_bytes()
         if self.device == "cuda":
+            import torch
+
             torch.cuda.synchronize()
             held = torch.cuda.memory_allocated() - self._allocated_before
             if held >= 0:
@@ -130,6 +141,8 @@ class OptimizerCase:
         return StateBytes(tensor_bytes, "bytes of the tensors in optimizer.state")
 
     def _state_tensor_bytes(self) -> int:
+        import torch
+
         seen: set[int] = set()
         total = 0
         for state in self.optimizer.state.values():

@@ -7,16 +7,19 @@ adds reading x and dy and writing dx, 5s per element in all (the weight is negli
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-
-from .base import Requires, Tolerance, Workload
+from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+
+if TYPE_CHECKING:
+    import torch
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's Llama RMSNorm: statistics in fp32, scaled back in the input dtype."""
+    import torch
+
     dtype = x.dtype
     xf = x.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -24,7 +27,9 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 
 
 def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
-    shape, dtype = workload.spec["shape"], workload.spec["dtype"]
+    import torch
+
+    shape, dtype = workload.spec["shape"], torch_dtype(workload.spec["dtype"])
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
     weight = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device=device, dtype=torch.float32)).to(dtype)
     return {"x": x, "weight": weight, "eps": 1e-6}
@@ -32,26 +37,28 @@ def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
 
 def _bytes(workload: Workload, mode: str) -> int:
     numel = math.prod(workload.spec["shape"])
-    size = torch.empty((), dtype=workload.spec["dtype"]).element_size()
+    import torch
+
+    size = torch.empty((), dtype=torch_dtype(workload.spec["dtype"])).element_size()
     return numel * size * (2 if mode == "fwd" else 5)
 
 
-def _workload(name: str, tier: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> Workload:
+def _workload(name: str, tier: str, shape: tuple[int, ...], dtype: str, seed: int = 0) -> Workload:
     return Workload(name, tier, {"shape": shape, "dtype": dtype}, seed=seed)
 
 
 # The sweep keeps M*N = 2^27 elements (256 MiB of bf16), the size of the headline shape.
-SWEEP = [_workload(f"sweep-n{n}-bf16", "gpu", (2**27 // n, n), torch.bfloat16) for n in
+SWEEP = [_workload(f"sweep-n{n}-bf16", "gpu", (2**27 // n, n), "bf16") for n in
          (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)]
 
 rmsnorm = FunctionOp(
     "rmsnorm",
     doc="RMSNorm (x, weight, eps) over the last dim, forward and backward",
     workloads=[
-        _workload("64x256-fp32", "cpu", (64, 256), torch.float32, seed=1),
-        _workload("1x760-fp32", "cpu", (1, 760), torch.float32, seed=2),
-        _workload("5x123x123-bf16", "cpu", (5, 123, 123), torch.bfloat16, seed=3),
-        _workload("32768x4096-bf16", "gpu", (32768, 4096), torch.bfloat16),
+        _workload("64x256-fp32", "cpu", (64, 256), "fp32", seed=1),
+        _workload("1x760-fp32", "cpu", (1, 760), "fp32", seed=2),
+        _workload("5x123x123-bf16", "cpu", (5, 123, 123), "bf16", seed=3),
+        _workload("32768x4096-bf16", "gpu", (32768, 4096), "bf16"),
         *SWEEP,
     ],
     speed_anchor="torch-compile",
@@ -65,9 +72,9 @@ rmsnorm = FunctionOp(
     # so near-zero sums fail any relative bound; the norm of the error is what stays small.
     tensor_tolerances={"grad_weight": {
         # fp32 too: 64 products summed in another order leave ~3e-6 absolute on a sum near 0.
-        torch.float32: Tolerance(0, 0, fro=1e-5, reason="grad_weight: sum of M products, order-dependent"),
-        torch.bfloat16: Tolerance(0, 0, fro=1e-2, reason="grad_weight: sum of M rounded products"),
-        torch.float16: Tolerance(0, 0, fro=2e-3, reason="grad_weight: sum of M rounded products"),
+        "fp32": Tolerance(0, 0, fro=1e-5, reason="grad_weight: sum of M products, order-dependent"),
+        "bf16": Tolerance(0, 0, fro=1e-2, reason="grad_weight: sum of M rounded products"),
+        "fp16": Tolerance(0, 0, fro=2e-3, reason="grad_weight: sum of M rounded products"),
     }},
 )
 
@@ -81,6 +88,8 @@ def torch_eager():
 @rmsnorm.candidate("torch-rms-norm", baseline=True)
 def torch_rms_norm():
     """torch.nn.functional.rms_norm."""
+    import torch.nn.functional as F
+
     return lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 

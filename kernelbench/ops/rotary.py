@@ -6,14 +6,18 @@ and writes q and k, 2s per element; forward+backward doubles that (cos / sin are
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-import torch
-
-from .base import Requires, Tolerance, Workload
+from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+
+if TYPE_CHECKING:
+    import torch
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    import torch
+
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -24,6 +28,8 @@ def rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 
 def rotary_tables(seq_len: int, dim: int, device: str, dtype: torch.dtype, base: float = 10000.0):
+    import torch
+
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
     freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -32,7 +38,9 @@ def rotary_tables(seq_len: int, dim: int, device: str, dtype: torch.dtype, base:
 
 def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
     b, hq, hk, s, d = (workload.spec[k] for k in ("batch", "q_heads", "kv_heads", "seq", "head_dim"))
-    dtype = workload.spec["dtype"]
+    import torch
+
+    dtype = torch_dtype(workload.spec["dtype"])
     q = torch.randn((b, hq, s, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
     k = torch.randn((b, hk, s, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
     cos, sin = rotary_tables(s, d, device, dtype)
@@ -42,7 +50,9 @@ def _inputs(workload: Workload, device: str, gen: torch.Generator) -> dict:
 def _bytes(workload: Workload, mode: str) -> int:
     spec = workload.spec
     numel = spec["batch"] * (spec["q_heads"] + spec["kv_heads"]) * spec["seq"] * spec["head_dim"]
-    size = torch.empty((), dtype=spec["dtype"]).element_size()
+    import torch
+
+    size = torch.empty((), dtype=torch_dtype(spec["dtype"])).element_size()
     return numel * size * (2 if mode == "fwd" else 4)
 
 
@@ -55,9 +65,9 @@ rotary = FunctionOp(
     "rotary",
     doc="Rotary embeddings (HF rotate_half) on q and k, forward and backward",
     workloads=[
-        _workload("2x4x2x16x32-fp32", "cpu", 2, 4, 2, 16, 32, torch.float32, seed=1),
-        _workload("1x3x1x7x16-bf16", "cpu", 1, 3, 1, 7, 16, torch.bfloat16, seed=2),
-        _workload("8x32x8x2048x128-bf16", "gpu", 8, 32, 8, 2048, 128, torch.bfloat16),
+        _workload("2x4x2x16x32-fp32", "cpu", 2, 4, 2, 16, 32, "fp32", seed=1),
+        _workload("1x3x1x7x16-bf16", "cpu", 1, 3, 1, 7, 16, "bf16", seed=2),
+        _workload("8x32x8x2048x128-bf16", "gpu", 8, 32, 8, 2048, 128, "bf16"),
     ],
     speed_anchor="torch-compile",
     make_inputs=_inputs,
@@ -71,7 +81,7 @@ rotary = FunctionOp(
 
 # Eager bf16 rounds q*cos, rotate_half(q)*sin and their sum separately: three bf16 roundings of
 # values up to ~4, measured at 0.031 max abs from the fp32 reference on an H200 (2026-11-21).
-_EAGER_BF16 = {torch.bfloat16: Tolerance(4e-2, 1e-2, reason="eager bf16: three roundings per element")}
+_EAGER_BF16 = {"bf16": Tolerance(4e-2, 1e-2, reason="eager bf16: three roundings per element")}
 
 
 @rotary.candidate("torch-eager", baseline=True, tolerance=_EAGER_BF16)

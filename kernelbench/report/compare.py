@@ -3,7 +3,8 @@
 A row regressed when new/base exceeds 1 + threshold, the threshold being the larger of the
 requested minimum (default 5%) and the relative IQR of either row: a slowdown inside the noise
 of the measurements themselves is not called a regression. A parity check that passed in BASE
-and fails in NEW is a regression too.
+and fails in NEW is a regression too. Two reports with no row in common, or a NEW that lacks
+rows BASE has (another op, a truncated file), are an error unless ``allow_missing``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..ops.base import UsageError
-from .writer import load_report
+from .writer import ReportError, load_report
 
 KEYS = ["op", "workload", "mode", "candidate"]
 # What must match for two runs' times to be comparable at all.
@@ -34,11 +35,14 @@ class Comparison:
 
 
 def _times(rows: pd.DataFrame) -> pd.DataFrame:
-    ok = rows[rows["status"].isin(["ok", "pass", "fail"])]
+    """(op, workload, mode, candidate) -> median and IQR of the timed rows."""
+    columns = ["time_median_ms", "time_iqr_ms"]
+    ok = rows[rows["status"].isin(["ok", "pass", "fail"]) & rows["metric"].isin(columns)]
+    if ok.empty:
+        return pd.DataFrame(columns=columns, index=pd.MultiIndex.from_tuples([], names=KEYS), dtype=float)
+    ok = ok.assign(value=pd.to_numeric(ok["value"], errors="coerce"))
     wide = ok.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
-    keep = [c for c in ("time_median_ms", "time_iqr_ms") if c in wide.columns]
-    wide = wide[keep].dropna(subset=["time_median_ms"]) if "time_median_ms" in keep else wide.iloc[0:0]
-    return wide
+    return wide.reindex(columns=columns).dropna(subset=["time_median_ms"])
 
 
 def _parity(rows: pd.DataFrame) -> pd.Series:
@@ -53,18 +57,28 @@ def fingerprint_mismatches(base_env: dict, new_env: dict) -> list[str]:
     return out
 
 
-def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force: bool = False) -> Comparison:
+def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force: bool = False,
+                    allow_missing: bool = False) -> Comparison:
+    if min_threshold < 0:
+        raise UsageError(f"--threshold {min_threshold:g}: must be >= 0 (0.05 = 5% slower)")
     try:
         base_meta, base_rows = load_report(base)
         new_meta, new_rows = load_report(new)
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from exc
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    for label, folder, rows in (("BASE", base, base_rows), ("NEW", new, new_rows)):
+        if rows.empty:
+            raise UsageError(f"{label} {folder}: the report has no rows: nothing to compare")
     mismatches = fingerprint_mismatches(base_meta.get("environment", {}), new_meta.get("environment", {}))
     if mismatches and not force:
         raise UsageError("refusing to compare runs from different environments ("
                          + "; ".join(mismatches) + "): their times are not comparable. "
                          "Pass --force to compare anyway.")
-    bt, nt = _times(base_rows), _times(new_rows)
+    try:
+        bt, nt = _times(base_rows), _times(new_rows)
+        bp, np_ = _parity(base_rows), _parity(new_rows)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise UsageError(f"{base} / {new}: rows that are no kernelbench results ({type(exc).__name__}: {exc})") from None
     joined = bt.add_suffix("_base").join(nt.add_suffix("_new"), how="inner")
     table = pd.DataFrame(index=joined.index)
     table["base ms"] = joined["time_median_ms_base"]
@@ -79,12 +93,28 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
     table.loc[table["ratio"] > 1 + table["threshold"], "verdict"] = "regression"
     table.loc[table["ratio"] < 1 - table["threshold"], "verdict"] = "faster"
 
-    bp, np_ = _parity(base_rows), _parity(new_rows)
     both = bp.to_frame("base").join(np_.to_frame("new"), how="inner")
     broke = both[(both["base"] == "pass") & (both["new"] != "pass")]
     for key, row in broke.iterrows():
         table.loc[key, ["verdict", "parity"]] = ["regression", f"parity {row['base']} -> {row['new']}"]
+    # A row timed in BASE that errors in NEW is a regression, not a missing row.
+    new_lead = new_rows[new_rows["metric"] == "time_median_ms"].drop_duplicates(KEYS).set_index(KEYS)
+    broken = new_lead[new_lead["status"] == "error"].index.intersection(bt.index)
+    for key in broken:
+        table.loc[key, ["verdict", "parity"]] = ["regression", "error in NEW: " + str(new_lead.loc[key, "message"])[:200]]
     table = table.reset_index()
-    only_base = ["/".join(map(str, k)) for k in bt.index.difference(nt.index)]
-    only_new = ["/".join(map(str, k)) for k in nt.index.difference(bt.index)]
+    base_keys = bt.index.union(bp.index.drop_duplicates())
+    new_keys = nt.index.union(np_.index.drop_duplicates())
+    anywhere_in_new = pd.MultiIndex.from_frame(new_rows[KEYS].astype(str).drop_duplicates())
+    base_str = pd.MultiIndex.from_tuples([tuple(map(str, k)) for k in base_keys], names=KEYS) if len(base_keys) else base_keys
+    only_base = ["/".join(k) for k in base_str.difference(anywhere_in_new)]
+    only_new = ["/".join(map(str, k)) for k in new_keys.difference(base_keys)]
+    if not allow_missing:
+        if table.empty and both.empty:
+            raise UsageError(f"no rows in common between {base} and {new} (BASE has {len(base_keys)} "
+                             f"timed or checked rows, NEW {len(new_keys)}): are these runs of the same "
+                             "suite? Pass --allow-missing to accept it")
+        if only_base:
+            raise UsageError(f"{len(only_base)} row(s) of BASE missing from NEW (first: {only_base[0]}): "
+                             "an incomplete or different run; pass --allow-missing to compare the rest")
     return Comparison(table, only_base, only_new, mismatches)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
+
+from .output import fmt, markdown_table  # noqa: F401  (fmt: part of this module's API)
 
 KEYS = ["op", "workload", "mode", "candidate"]
 
@@ -63,28 +63,5 @@ def parity_table(rows: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
-def fmt(value) -> str:
-    """Numbers as people read them in a table: 3 significant digits, no scientific notation
-    for ordinary magnitudes, empty for missing values."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) >= 1000:
-            return f"{value:,.0f}"
-        if abs(value) >= 0.01:
-            return f"{value:.3g}" if abs(value) < 100 else f"{value:.1f}"
-        return f"{value:.2e}"
-    return str(value)
-
-
 def to_markdown(table: pd.DataFrame) -> str:
-    if table.empty:
-        return "_(none)_\n"
-    cols = list(table.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in table.iterrows():
-        cells = [fmt(row[c]).replace("|", "\\|").replace("\n", " ") for c in cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table([str(c) for c in table.columns], table.to_dict("records"))

@@ -1,16 +1,16 @@
 """The report folder of one invocation: results.csv, run.json, summary.md, junit.xml.
 
-``results.csv`` is appended row by row as results arrive (and flushed), so a crash or Ctrl-C
-keeps everything measured until then; ``run.json`` is rewritten at the start, every few
-seconds, and at the end; ``summary.md`` and ``junit.xml`` are written when the run closes,
-also when it closes on an exception.
+``results.csv`` is appended row by row as results arrive (and flushed), so a crash, Ctrl-C or
+SIGTERM keeps everything measured until then; ``run.json`` (the fingerprint, the ceilings, the
+outcome and a summary: the rows live in ``results.csv`` only) is rewritten at the start, every
+few seconds, and at the end; ``summary.md`` and ``junit.xml`` are written when the run closes,
+also when it closes on an exception or a signal.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import time
 import xml.etree.ElementTree as ET
@@ -23,29 +23,30 @@ from .plot import plots_markdown
 from .tables import bench_table, parity_table, to_markdown
 
 RESULTS_CSV, RUN_JSON, SUMMARY_MD, JUNIT_XML = "results.csv", "run.json", "summary.md", "junit.xml"
-SCHEMA_VERSION = 1
+# 2: run.json holds a summary instead of a copy of every row.
+SCHEMA_VERSION = 2
 _JSON_EVERY_S = 5.0
 
 
-def default_output_dir(verb: str, label: str, root: Path = Path("results")) -> Path:
+class ReportError(ValueError):
+    """A folder that is no readable kernelbench report; the message says which file and why."""
+
+
+def default_output_dir(verb: str, label: str, root: Path = Path("reports")) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return root / f"{stamp}-{verb}-{label}"
-
-
-def _jsonable(value):
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None if math.isnan(value) else str(value)
-    return value
 
 
 class ReportWriter:
     """A row sink (see harness.runner.RowSink) that persists as it goes."""
 
-    def __init__(self, folder: Path, fingerprint: dict, verb: str) -> None:
+    def __init__(self, folder: Path, fingerprint: dict, verb: str, *, settings: dict | None = None) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.fingerprint = fingerprint
         self.verb = verb
+        self.settings = dict(settings or {})
+        self.interruption: str | None = None
         self.rows: list[dict] = []
         self.ceilings: dict | None = None
         self.outcome = "running"
@@ -68,8 +69,10 @@ class ReportWriter:
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=list(ROW_FIELDS))
 
-    def close(self, outcome: str) -> None:
+    def close(self, outcome: str, interruption: str | None = None) -> None:
+        """outcome: complete / interrupted / failed; interruption: what stopped it (SIGTERM...)."""
         self.outcome = outcome
+        self.interruption = interruption
         self._write_json()
         markdown = self.summary_markdown() + plots_markdown(self.folder, self.frame())
         (self.folder / SUMMARY_MD).write_text(markdown)
@@ -85,14 +88,27 @@ class ReportWriter:
             "schema_version": SCHEMA_VERSION,
             "verb": self.verb,
             "outcome": self.outcome,
+            "interruption": self.interruption,
             "environment": self.fingerprint,
+            "settings": self.settings,
             "ceilings": self.ceilings,
-            "rows": [{k: _jsonable(v) for k, v in r.items()} for r in self.rows],
+            "summary": self.summary(),
         }
         tmp = self.folder / (RUN_JSON + ".tmp")
         tmp.write_text(json.dumps(doc, indent=1, default=str))
         tmp.replace(self.folder / RUN_JSON)
         self._last_json = time.monotonic()
+
+    def summary(self) -> dict:
+        """Counts a reader (or a CI step) checks first; the rows themselves are in results.csv."""
+        checks = [r["status"] for r in self.rows if r["metric"] == "parity"]
+        timed = [r["status"] for r in self.rows if r["metric"] == "time_median_ms"]
+        return {
+            "results_file": RESULTS_CSV,
+            "rows": len(self.rows),
+            "timed": {s: timed.count(s) for s in sorted(set(timed))},
+            "parity_checks": {s: checks.count(s) for s in sorted(set(checks))},
+        }
 
     def summary_markdown(self) -> str:
         env = self.fingerprint
@@ -106,6 +122,8 @@ class ReportWriter:
             f"Command: `{env.get('command_line')}`",
             "",
         ]
+        if self.interruption:
+            lines += [f"**Interrupted** ({self.interruption}): the tables hold what was measured before.", ""]
         if self.ceilings:
             lines += [f"Ceilings measured in this run: copy {self.ceilings['copy_gbps']:.0f} GB/s, "
                       f"bf16 matmul {self.ceilings['matmul_tflops']:.0f} TFLOP/s.", ""]
@@ -141,10 +159,33 @@ class ReportWriter:
 
 
 def load_report(folder: Path) -> tuple[dict, pd.DataFrame]:
-    """A report folder's run.json (environment, ceilings) and its rows from results.csv."""
+    """A report folder's run.json (environment, ceilings) and its rows from results.csv; reads
+    reports of either schema. Raises ReportError naming the file when either is unreadable."""
     folder = Path(folder)
     csv_path, json_path = folder / RESULTS_CSV, folder / RUN_JSON
+    if not folder.is_dir():
+        raise ReportError(f"{folder}: no such report folder")
     if not csv_path.is_file():
-        raise FileNotFoundError(f"{folder}: no {RESULTS_CSV} (is this a kernelbench report folder?)")
-    meta = json.loads(json_path.read_text()) if json_path.is_file() else {}
-    return meta, pd.read_csv(csv_path)
+        raise ReportError(f"{folder}: no {RESULTS_CSV} (is this a kernelbench report folder?)")
+    meta: dict = {}
+    if json_path.is_file():
+        try:
+            meta = json.loads(json_path.read_text())
+        except (ValueError, OSError) as exc:
+            raise ReportError(f"{json_path}: not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ReportError(f"{json_path}: expected a JSON object, found a {type(meta).__name__}")
+        if not isinstance(meta.get("environment", {}), dict):
+            raise ReportError(f"{json_path}: 'environment' is not an object")
+    try:
+        rows = pd.read_csv(csv_path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        raise ReportError(f"{csv_path}: not a readable results file ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'empty'})") from None
+    missing = [c for c in ROW_FIELDS if c not in rows.columns and c != "tensor"]
+    if missing:
+        raise ReportError(f"{csv_path}: not a kernelbench results file: no column {', '.join(missing)} "
+                          f"(expected: {', '.join(ROW_FIELDS)})")
+    if "tensor" not in rows.columns:
+        rows["tensor"] = ""
+    return meta, rows
