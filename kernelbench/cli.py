@@ -35,7 +35,7 @@ class Exit(IntEnum):
 
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 a parity check failed; 2 usage or config error; "
+    "Exit codes: 0 ok; 1 a parity check failed (train: a candidate left the band); 2 usage or config error; "
     "3 regression found by compare; 4 nothing that was asked for could run here; "
     "130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (the report is closed and says so)."
 )
@@ -664,6 +664,10 @@ def compare(
             output_dir.mkdir(parents=True, exist_ok=True)
             result.table.to_csv(output_dir / "compare.csv", index=False)
             (output_dir / "compare.md").write_text(f"# compare {base} -> {new}\n\n" + to_markdown(result.table))
+            from .report.plot import matplotlib_available, write_plots
+
+            if matplotlib_available():
+                write_plots(output_dir)
         except OSError as exc:
             raise fail(out, f"--output-dir {output_dir}: cannot write there ({exc.strerror or exc})") from None
     if not result.regressions.empty:
@@ -702,7 +706,7 @@ def env(
     out.table("kernelbench env", [{"key": k, "value": str(v)} for k, v in info.items()], name="env")
 
 
-@app.command("train")
+@app.command("train", epilog=EXIT_CODES_HELP)
 def train_cmd(
     op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op (rmsnorm, rotary).")],
     steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on the CPU).")] = None,
@@ -717,64 +721,76 @@ def train_cmd(
     state: StateOpt = None,
     device: DeviceOpt = "auto",
     output_dir: OutputOpt = None,
+    fmt: FormatOpt = Format.table,
 ) -> None:
     """Train a small Llama-style model with every candidate of OP (same weights, same batches) and
     judge each final loss against the band of the reference's seed-to-seed spread; exit 1 when one fails."""
+    out = Output(fmt)
+    with usage_errors(out):
+        check_range("--rtol", rtol, minimum=0)
+        check_output_dir(output_dir)
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device
-    from .report.console import render
-    from .report.writer import ReportWriter, default_output_dir
+    from .report.writer import default_output_dir
     from .train import TrainSettings, resolve
     from .train import train as run_training
     from .train.run import result_table
 
-    with _usage_errors():
+    with usage_errors(out):
         dev = resolve_device(device)
         settings = TrainSettings.defaults(dev, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,
                                           rtol=rtol, ref_seeds=ref_seeds)
         config = settings.validate()
         candidates = resolve(op, config, lr=lr, names=candidate, tags={"state": state} if state else {})
     folder = output_dir or default_output_dir("train", op)
-    writer = ReportWriter(folder, fingerprint(dev, seed), "train")
-    outcome = "interrupted"
-    try:
-        with _progress() as on_progress:
-            result = run_training(op, candidates, settings, writer, folder, on_progress=on_progress)
-        outcome = "complete"
-    finally:
-        writer.close(outcome)
-    console.print(f"data: {result.stats.describe()}")
+    outcome, interruption = "failed", None
+    with interrupts():
+        writer = _open_report(out, folder, fingerprint(dev, seed), "train", {})
+        try:
+            with _progress(out) as on_progress:
+                result = run_training(op, candidates, settings, writer, folder, on_progress=on_progress)
+            outcome = "complete"
+        except KeyboardInterrupt as exc:
+            outcome, interruption = "interrupted", interruption_name(exc)
+        finally:
+            writer.close(outcome, interruption)
+    if interruption:
+        raise fail(out, f"interrupted by {interruption}: {folder} holds the losses logged until then "
+                        "(run.json says \"interrupted\")", interruption_code(interruption))
+    out.note(f"data: {result.stats.describe()}")
     band = result.band
     if band is not None:
-        console.print(f"band: reference final loss {band.mean:.4f} +- {band.half_width:.4f} (data orders "
-                      + ", ".join(f"{f:.4f}" for f in band.seed_finals) + f"; widened by rtol {settings.rtol:g})")
-    render(console, f"train {op}: {settings.model}, {settings.steps} steps", result_table(result))
-    console.print(f"Report: {folder} ({result.wall_s:.0f} s, the reference's data orders included)")
+        out.note(f"band: reference final loss {band.mean:.4f} +- {band.half_width:.4f} (data orders "
+                 + ", ".join(f"{f:.4f}" for f in band.seed_finals) + f"; widened by rtol {settings.rtol:g})")
+    out.table(f"train {op}: {settings.model}, {settings.steps} steps", result_table(result), name="train")
+    out.flush()
+    out.note(f"Report: {folder} ({result.wall_s:.0f} s, the reference's data orders included)")
     if result.band is None and not result.failures:
-        raise _fail("the reference could not run here, so nothing was judged (see its row)", Exit.NOTHING_RAN)
+        raise fail(out, "the reference could not run here, so nothing was judged (see its row)", Exit.NOTHING_RAN)
     if result.failures:
-        raise _fail("did not train like the reference: " + ", ".join(result.failures), Exit.PARITY_FAILED)
+        raise fail(out, "did not train like the reference: " + ", ".join(result.failures), Exit.PARITY_FAILED)
 
 
-@app.command("plot")
+@app.command("plot", epilog=EXIT_CODES_HELP)
 def plot_cmd(
     report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare --output-dir).")],
 ) -> None:
     """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
+    out = Output(Format.table)
     from .report.plot import INSTALL_HINT, matplotlib_available, write_plots
 
     if not matplotlib_available():
-        raise _fail(f"plot needs matplotlib: {INSTALL_HINT}")
+        raise fail(out, f"plot needs matplotlib: {INSTALL_HINT}")
     for folder in report_dirs:
         if not folder.is_dir() or not any((folder / f).is_file() for f in ("results.csv", "compare.csv", "losses.csv")):
-            raise _fail(f"{folder}: not a report folder (accepted: a folder holding results.csv, losses.csv "
-                        "or compare.csv)")
+            raise fail(out, f"{folder}: not a report folder (accepted: a folder holding results.csv, losses.csv "
+                            "or compare.csv)")
     for folder in report_dirs:
         paths = write_plots(folder)
         if not paths:
-            console.print(f"{folder}: nothing to plot (no speed ratio, sweep, parity, loss or compare rows)")
+            out.note(f"{folder}: nothing to plot (no speed ratio, sweep, parity, loss or compare rows)")
         for path in paths:
-            console.print(f"wrote {path}")
+            out.note(f"wrote {path}")
 
 
 def main() -> None:  # pragma: no cover - console script entry
