@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -842,6 +842,85 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------
+# torch.library custom ops: what torch.compile sees (an opaque op with a fake and an autograd
+# formula, so a model compiles with fullgraph=True; the op body runs the same launches as eager)
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("kernelbench::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], residual: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, h, rstd): h = x + residual (an empty tensor without a residual), rstd of shape (M,)."""
+    y, h, saved = _forward(x, weight, residual, eps)
+    return y, (h if h is not None else x.new_empty(0)), saved[2]
+
+
+@_rms_norm_fwd_op.register_fake
+def _(x, weight, residual, eps):
+    # Tracing runs this on every call: bad input fails here with the eager error's text.
+    _check_inputs(x, weight, residual)
+    if x.shape[-1] > MAX_N:
+        raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row the "
+                         "Triton kernels take; use impl='torch' or impl='auto'")
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
+    return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=_acc_dtype(x.dtype))
+
+
+@torch.library.custom_op("kernelbench::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd_op(
+    dy: torch.Tensor, dh: Optional[torch.Tensor], normed: torch.Tensor, weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) from the normalised input h (or x); dw is an empty tensor without a weight."""
+    n = normed.shape[-1]
+    dx, dw = _rmsnorm_bwd(_as_rows(normed, n), weight, rstd, _as_rows(dy, n),
+                          _as_rows(dh, n) if dh is not None else None)
+    return dx.view(normed.shape), (dw if dw is not None else normed.new_empty(0))
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, dh, normed, weight, rstd):
+    return normed.new_empty(normed.shape), (weight.new_empty(weight.shape) if weight is not None else normed.new_empty(0))
+
+
+def _op_setup_context(ctx, inputs, output):
+    x, weight, residual, _ = inputs
+    _, h, rstd = output
+    ctx.has_residual = residual is not None
+    ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+
+
+def _op_backward(ctx, dy, dh, _drstd):
+    normed, weight, rstd = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(normed)
+    dx, dw = torch.ops.kernelbench.rms_norm_bwd(dy, dh if ctx.has_residual else None, normed, weight, rstd)
+    return dx, (dw if weight is not None else None), (dx if ctx.has_residual else None), None
+
+
+_rms_norm_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+
+
+def _rms_norm_compiled(x, weight, residual, eps):
+    """The path taken under torch.compile: one custom op, whose output h is dropped without a residual."""
+    y, h, _ = torch.ops.kernelbench.rms_norm_fwd(x, weight, residual, eps)
+    return y if residual is None else (y, h)
+
+
+@torch.compiler.assume_constant_result
+def _triton_blocker_const(is_cuda: bool) -> bool:
+    """For a traced call, at trace time: raise when the Triton kernels cannot run here."""
+    why_not = None
+    if not getattr(triton, "available", True):
+        why_not = "triton not installed"
+    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+    if why_not:
+        raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------------
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None) -> None:
@@ -905,15 +984,21 @@ def rms_norm(
     """
     if impl not in IMPLS:
         raise ValueError(f"rms_norm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    _check_inputs(x, weight, residual)
+    # Traced calls are checked by the op's fake implementation (a raise here would be a graph break).
+    if not torch.compiler.is_compiling():
+        _check_inputs(x, weight, residual)
     if eps is None:
-        eps = torch.finfo(x.dtype).eps
+        eps = torch.finfo(x.dtype).eps if x.dtype.is_floating_point else 0.0
     if impl == "auto":
         from .autoselect import choose_impl
 
-        impl = choose_impl("rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=_needs_grad(x, weight, residual))
+        impl = "torch" if x.shape[-1] > MAX_N else choose_impl(
+            "rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=_needs_grad(x, weight, residual))
     if impl == "torch":
         return _torch_rms_norm(x, weight, eps, residual)
+    if torch.compiler.is_compiling():
+        _triton_blocker_const(x.is_cuda)
+        return _rms_norm_compiled(x, weight, residual, float(eps))
     why_not = triton_usable(x)
     if why_not is not None:
         raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
