@@ -187,6 +187,9 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         host_ms = sorted(host[name])[len(host[name]) // 2]
         for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
             emit(row)
+        # Figures only the case can give (a model step's throughput, its optimizer's share).
+        for metric, value, unit, message in getattr(case, "extra_rows", lambda _: [])(stats[name].median):
+            emit(_row(op, workload, mode, name, metric, value, unit, OK, message))
         try:
             if device == "cuda":
                 peak = peak_memory_delta(case.run, case.prepare)
