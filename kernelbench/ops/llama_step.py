@@ -5,7 +5,8 @@ step). Candidates differ in the RMSNorm / rotary layers (torch, kernelbench, lig
 the step is compiled (``torch.compile(fullgraph=True)``), and, for ``train``, in the optimizer.
 Every candidate starts from the same seeded fp32 weights (cast to the workload's dtype) and sees
 the same tokens, so parity compares the logits and every parameter's gradient with the torch
-layers run in fp32 (fp64 on the CPU).
+layers run in fp32 (fp64 on the CPU); in ``train`` mode each parity step restarts from those
+weights (the optimizer's update itself is checked by the optimizer ops' parity).
 
 Extra rows per candidate: ``tokens_per_s``; in ``train`` mode ``optimizer_ms`` (median time of
 ``optimizer.step()`` inside the timed steps) and ``optimizer_share`` (of the whole step).
@@ -127,6 +128,9 @@ class LlamaStepCase:
             backend = "inductor" if device == "cuda" else "aot_eager"
             self.step = torch.compile(self._loss_and_logits, fullgraph=True, backend=backend)
         self.optimizer = _build_optimizer(spec.optimizer, self.model, device) if mode == "train" else None
+        # Parity steps restart from these weights, so logits and gradients stay comparable with
+        # the reference's whatever the optimizer did (its state carries on).
+        self._initial = [p.detach().clone() for p in self.model.parameters()] if self.optimizer else None
         self.optimizer_ms: list[float] = []
         self.logits: torch.Tensor | None = None
         self.set_step(0)
@@ -141,6 +145,10 @@ class LlamaStepCase:
         b, s = self.workload.spec["batch"], self.workload.spec["seq"]
         tokens = torch.randint(0, self.model.config.vocab_size, (b, s + 1), generator=gen, device=self.device)
         self.inputs, self.targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        if step and self._initial is not None:
+            with torch.no_grad():
+                for p, p0 in zip(self.model.parameters(), self._initial):
+                    p.copy_(p0)
 
     def prepare(self) -> None:
         self.logits = None
