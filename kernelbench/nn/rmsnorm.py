@@ -66,6 +66,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 from ..fast_launch import CachedLauncher
 
 MAX_N = 65536
+_HAVE_TRITON = getattr(triton, "available", True)
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 IMPLS = ("auto", "triton", "torch")
@@ -622,9 +623,10 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     ``x_evict`` / ``x_reread_evict`` / ``w_evict`` are the L2 eviction hints of x's reads and
     the weight's ("" none; None the default: _FWD_TWO_PASS_HINTS for two passes, none for one)."""
     m, n = x2d.shape
-    y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    # empty_like of rows with unit column stride is row-major (and cheaper on the host than empty).
+    y = torch.empty_like(x2d)
     h = torch.empty_like(y) if residual2d is not None else None
-    rstd = torch.empty((m,), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
+    rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
@@ -817,7 +819,10 @@ def _forward(x, weight, residual, eps):
     res2d = _as_rows(residual, n) if residual is not None else None
     w = weight.contiguous() if weight is not None else None
     y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps)
-    return y.view(x.shape), (h.view(x.shape) if h is not None else None), (h if h is not None else x2d, w, rstd)
+    saved = (h if h is not None else x2d, w, rstd)
+    if x.dim() == 2:  # a view costs host time; launch-bound calls notice
+        return y, h, saved
+    return y.view(x.shape), (h.view(x.shape) if h is not None else None), saved
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -836,7 +841,8 @@ class _RMSNormFunction(torch.autograd.Function):
         dy2d = _as_rows(dy, n) if dy is not None else torch.zeros_like(normed)
         dres2d = _as_rows(dh, n) if dh is not None else None
         dx, dw = _rmsnorm_bwd(normed, weight, rstd, dy2d, dres2d)
-        dx = dx.view(ctx.shape)
+        if len(ctx.shape) != 2:
+            dx = dx.view(ctx.shape)
         dres = dx if ctx.has_residual else None  # autograd clones where one tensor feeds two leaves
         return dx, dw, dres, None
 
@@ -984,29 +990,38 @@ def rms_norm(
     """
     if impl not in IMPLS:
         raise ValueError(f"rms_norm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    compiling = torch.compiler.is_compiling()
     # Traced calls are checked by the op's fake implementation (a raise here would be a graph break).
-    if not torch.compiler.is_compiling():
+    if not compiling:
         _check_inputs(x, weight, residual)
     if eps is None:
         eps = torch.finfo(x.dtype).eps if x.dtype.is_floating_point else 0.0
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad)
+        or (residual is not None and residual.requires_grad))
     if impl == "auto":
         from .autoselect import choose_impl
 
         impl = "torch" if x.shape[-1] > MAX_N else choose_impl(
-            "rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=_needs_grad(x, weight, residual))
+            "rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=needs_grad)
     if impl == "torch":
         return _torch_rms_norm(x, weight, eps, residual)
-    if torch.compiler.is_compiling():
+    if compiling:
         _triton_blocker_const(x.is_cuda)
         return _rms_norm_compiled(x, weight, residual, float(eps))
-    why_not = triton_usable(x)
-    if why_not is not None:
-        raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
-    if _needs_grad(x, weight, residual):
+    if not ((x.is_cuda and _HAVE_TRITON) or _interpreter()) or x.shape[-1] > MAX_N:
+        raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
+    if needs_grad:
         return _RMSNormFunction.apply(x, weight, residual, float(eps))
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
     y, h, _ = _forward(x, weight, residual, float(eps))
     return y if h is None else (y, h)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> bool:
+    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
+    return getattr(triton, "available", True) and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:

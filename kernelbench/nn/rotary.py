@@ -27,6 +27,7 @@ variant, a ``torch.library`` custom op declaring that it mutates q and k.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -467,6 +468,15 @@ def triton_usable(q: torch.Tensor) -> str | None:
     return None
 
 
+_HAVE_TRITON = getattr(triton, "available", True)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> bool:
+    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
+    return _HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _table_for_kernel(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -517,9 +527,8 @@ def apply_rotary(
         offsets, offset = _offsets_for_kernel(position_offset, q.device)
         return torch.ops.kernelbench.rotary(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
                                             style == "interleaved", layout == "bshd", False)
-    why_not = triton_usable(q)
-    if why_not is not None:
-        raise ValueError(f"apply_rotary(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    if not ((q.is_cuda and _HAVE_TRITON) or _interpreter()):
+        raise ValueError(f"apply_rotary(impl='triton'): {triton_usable(q)}; use impl='torch' or impl='auto'")
     offsets, offset = _offsets_for_kernel(position_offset, q.device)
     cos, sin = _table_for_kernel(cos), _table_for_kernel(sin)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
