@@ -7,7 +7,8 @@ kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, 
 ``~/.cache/kernelbench/autoselect.json``) keyed also by GPU name and torch / triton versions, so
 another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
 answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
-one log line.
+one log line. A call being traced by torch.compile measures nothing and reads no file: see
+:func:`compiled_choice`.
 
 :func:`autoselect_report` is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype
 bf16`` prints: each implementation's time and the choice.
