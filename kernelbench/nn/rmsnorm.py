@@ -616,7 +616,7 @@ def _remember(plans: dict, key: tuple, plan):
 
 
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None, w_evict=None):
+                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None, w_evict=None, rstd=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
     configuration (None: the default); ``programs_per_sm`` makes the grid persistent (0: one row
     block per program, the default), ``chunk_n`` forces two passes over chunks of that width,
@@ -626,7 +626,8 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, 
     # empty_like of rows with unit column stride is row-major (and cheaper on the host than empty).
     y = torch.empty_like(x2d)
     h = torch.empty_like(y) if residual2d is not None else None
-    rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
+    if rstd is None:
+        rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
@@ -811,14 +812,29 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
     return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows)
 
 
-def _forward(x, weight, residual, eps):
+# rstd written by forwards nobody differentiates: one buffer per (rows, dtype, device), never read.
+_MAX_SCRATCH = 16
+_rstd_scratch: dict[tuple, torch.Tensor] = {}
+
+
+def _scratch_rstd(m: int, x2d: torch.Tensor) -> torch.Tensor:
+    key = (m, x2d.dtype, x2d.device)
+    buf = _rstd_scratch.get(key)
+    if buf is None:
+        buf = _remember(_rstd_scratch, key, torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device))
+        while len(_rstd_scratch) > _MAX_SCRATCH:
+            del _rstd_scratch[next(iter(_rstd_scratch))]
+    return buf
+
+
+def _forward(x, weight, residual, eps, keep_rstd=True):
     """y and h (None without a residual) shaped like x, and what the backward needs: the
-    normalised rows, the weight as read, rstd."""
+    normalised rows, the weight as read, rstd (a shared scratch buffer unless ``keep_rstd``)."""
     n = x.shape[-1]
     x2d = _as_rows(x, n)
     res2d = _as_rows(residual, n) if residual is not None else None
     w = weight.contiguous() if weight is not None else None
-    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps)
+    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps, rstd=None if keep_rstd else _scratch_rstd(x2d.shape[0], x2d))
     saved = (h if h is not None else x2d, w, rstd)
     if x.dim() == 2:  # a view costs host time; launch-bound calls notice
         return y, h, saved
@@ -1013,8 +1029,9 @@ def rms_norm(
         raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
     if needs_grad:
         return _RMSNormFunction.apply(x, weight, residual, float(eps))
-    # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
-    y, h, _ = _forward(x, weight, residual, float(eps))
+    # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host
+    # time in launch-bound calls).
+    y, h, _ = _forward(x, weight, residual, float(eps), keep_rstd=False)
     return y if h is None else (y, h)
 
 
