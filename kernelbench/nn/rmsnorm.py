@@ -704,7 +704,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
       dy, of pass 2's, and of the weight's (None or "": no hint).
     - ``block_m`` (row kernels), ``num_warps``, ``programs_per_sm`` (persistent grid size)."""
     m, n = x2d.shape
-    dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    dx = torch.empty_like(x2d)  # row-major: rows with unit column stride (cheaper than empty)
     has_weight = weight is not None
     if m == 0:
         return dx, (torch.zeros_like(weight) if has_weight else None)
@@ -733,7 +733,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
     plan.main(*args)
     if plan.dw_columns is not None:
         plan.dw_columns(x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, partial, m, n, plan.rows_per_split)
-    dw = torch.empty((n,), dtype=weight.dtype, device=x2d.device)
+    dw = torch.empty_like(weight)
     plan.sum_rows(partial, dw, plan.partial_rows, n)
     return dx, dw
 
@@ -895,7 +895,8 @@ def _rms_norm_bwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) from the normalised input h (or x); dw is an empty tensor without a weight."""
     n = normed.shape[-1]
-    dx, dw = _rmsnorm_bwd(_as_rows(normed, n), weight, rstd, _as_rows(dy, n),
+    dx, dw = _rmsnorm_bwd(_as_rows(normed, n), weight.contiguous() if weight is not None else None, rstd,
+                          _as_rows(dy, n),
                           _as_rows(dh, n) if dh is not None else None)
     return dx.view(normed.shape), (dw if dw is not None else normed.new_empty(0))
 
