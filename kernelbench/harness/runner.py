@@ -188,7 +188,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
             emit(row)
         if workload.spec.get("host_timing"):
-            _host_rows(op, workload, mode, name, case, timing, stats[name].median, device, emit, summary)
+            _host_rows(op, workload, mode, name, case, timing, emit, summary)
         # Figures only the case can give (a model step's throughput, its optimizer's share).
         for metric, value, unit, message in getattr(case, "extra_rows", lambda _: [])(stats[name].median):
             emit(_row(op, workload, mode, name, metric, value, unit, OK, message))
@@ -210,21 +210,15 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
     cases.clear()
 
 
-def _host_rows(op: Op, workload: Workload, mode: str, name: str, case, timing: TimingConfig, device_ms: float,
-               device: str, emit: _Emitter, summary: RunSummary) -> None:
+def _host_rows(op: Op, workload: Workload, mode: str, name: str, case, timing: TimingConfig,
+               emit: _Emitter, summary: RunSummary) -> None:
     """Per-call host time (workloads marked ``host_timing``: inputs so small that the host, not
-    the GPU, decides the speed), beside the device time of the same candidate; flagged
-    ``device-bound`` where the device's time per call reaches the host's (then the host may have
-    waited for the GPU and the figure is not the host's alone)."""
+    the GPU, decides the speed), beside the device time of the same candidate."""
     try:
         sample = time_host(case.run, case.prepare, timing)
         st = summarize(sample.times, sample.mode)
-        device_bound = device == "cuda" and device_ms >= st.median
-        message = f"{sample.mode}; median of {st.reps}, IQR/median {st.relative_iqr:.1%}"
-        if device_bound:
-            message += f"; device time {device_ms:.4g} ms reaches it: the GPU may be the bottleneck"
-        emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK, message,
-                  "device-bound" if device_bound else ""))
+        emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
+                  f"{sample.mode}; median of {st.reps}, IQR/median {st.relative_iqr:.1%}"))
     except Exception as exc:  # noqa: BLE001
         summary.errors += 1
         emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR, _error_message(exc)))
