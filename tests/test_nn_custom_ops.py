@@ -135,6 +135,8 @@ def test_auto_is_decided_outside_the_trace(tmp_path, monkeypatch):
                           impl="triton"), "must share batch, sequence and head dimension"),
     (lambda: apply_rotary(torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8), torch.ones(4, 8), torch.ones(4, 8),
                           impl="triton"), "shorter than the 9 needed"),
+    (lambda: apply_rotary(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.ones(4, 8), torch.ones(4, 8),
+                          layout="sbhd", impl="triton"), "layout must be one of bhsd, bshd, got 'sbhd'"),
 ])
 def test_bad_input_under_compile_raises_the_eager_message(call, message):
     torch._dynamo.reset()

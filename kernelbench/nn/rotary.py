@@ -398,6 +398,16 @@ def _triton_blocker_const(is_cuda: bool, caller: str) -> bool:
     return True
 
 
+@torch.compiler.assume_constant_result
+def _check_options_const(style: str, layout: str) -> bool:
+    """The string options of a traced call, checked at trace time (they are constants there)."""
+    if style not in STYLES:
+        raise ValueError(f"apply_rotary: style must be one of {', '.join(STYLES)}, got {style!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"apply_rotary: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return True
+
+
 # ------------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------------
@@ -509,7 +519,8 @@ def apply_rotary(
     if impl not in IMPLS:
         raise ValueError(f"apply_rotary: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     if torch.compiler.is_compiling():
-        # Checked by the op's fake implementation (a raise here would be a graph break).
+        # Tensors are checked by the op's fake implementation (a raise here would be a graph break).
+        _check_options_const(style, layout)
         cos, sin = _table_2d(cos), _table_2d(sin)
     else:
         cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
@@ -570,6 +581,7 @@ def apply_rotary_(
     torch.compile and CUDA graphs see the write. Returns q and k.
     """
     if torch.compiler.is_compiling():
+        _check_options_const(style, layout)
         cos, sin = _table_2d(cos), _table_2d(sin)  # checked by the op's fake implementation
         _triton_blocker_const(q.is_cuda, "apply_rotary_")
     else:
