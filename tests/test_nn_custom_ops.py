@@ -6,8 +6,7 @@ recompilation on fresh same-shape inputs, and bad input reported with the eager 
 import pytest
 import torch
 
-from kernelbench.nn import RMSNorm, apply_rotary, apply_rotary_, rms_norm
-from kernelbench.nn import autoselect
+from kernelbench.nn import RMSNorm, apply_rotary, apply_rotary_, autoselect, rms_norm
 
 HEADS, HEAD_DIM = 2, 8
 HIDDEN = HEADS * HEAD_DIM

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -132,6 +133,7 @@ class LlamaStepCase:
         # the reference's whatever the optimizer did (its state carries on).
         self._initial = [p.detach().clone() for p in self.model.parameters()] if self.optimizer else None
         self.optimizer_ms: list[float] = []
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # read after the timed steps
         self.logits: torch.Tensor | None = None
         self.set_step(0)
 
@@ -168,7 +170,6 @@ class LlamaStepCase:
             start.record()
             self.optimizer.step()
             end.record()
-            self._pending = getattr(self, "_pending", [])
             self._pending.append((start, end))
         else:
             t0 = time.perf_counter()
@@ -195,7 +196,7 @@ class LlamaStepCase:
             return rows
         if self.device == "cuda":
             torch.cuda.synchronize()
-            self.optimizer_ms.extend(s.elapsed_time(e) for s, e in getattr(self, "_pending", []))
+            self.optimizer_ms.extend(s.elapsed_time(e) for s, e in self._pending)
             self._pending = []
         if self.optimizer_ms:
             ordered = sorted(self.optimizer_ms)
