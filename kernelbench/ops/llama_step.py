@@ -86,6 +86,17 @@ def _build_optimizer(name: str, model: torch.nn.Module, device: str) -> torch.op
     raise ValueError(f"llama-step: unknown optimizer {name!r}; known: torch-adamw, triton-adamw, adam-mini, muon")
 
 
+def _raise_recompile_limit() -> None:
+    """Every case compiles the same method for a new model, a recompile of one code object to
+    Dynamo; past its limit (8) it would stop compiling, so the limit goes up as for the anchors."""
+    import torch._dynamo.config as dynamo_config
+
+    from .function_op import _ANCHOR_RECOMPILE_LIMIT
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), _ANCHOR_RECOMPILE_LIMIT))
+
+
 class LlamaStepOp(Op):
     kind = "model"
 
@@ -127,6 +138,7 @@ class LlamaStepCase:
             # Inductor needs a C++ / Triton toolchain; on the CPU the graph is still captured
             # whole (fullgraph) and run through AOT autograd.
             backend = "inductor" if device == "cuda" else "aot_eager"
+            _raise_recompile_limit()
             self.step = torch.compile(self._loss_and_logits, fullgraph=True, backend=backend)
         self.optimizer = _build_optimizer(spec.optimizer, self.model, device) if mode == "train" else None
         # Parity steps restart from these weights, so logits and gradients stay comparable with
