@@ -20,7 +20,7 @@ from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
 from .memory import peak_memory_delta
 from .parity import ParityTracker
 from .stats import Stats, summarize
-from .timing import TimingConfig, time_cpu, time_cuda
+from .timing import TimingConfig, time_cpu, time_cuda, time_host
 
 # Row statuses. "suspect": a figure above the device's measured ceiling, a measurement error.
 OK, ERROR, SKIPPED, NOT_MEASURED, SUSPECT, PASS, FAIL = (
@@ -187,6 +187,11 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         host_ms = sorted(host[name])[len(host[name]) // 2]
         for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
             emit(row)
+        if workload.spec.get("host_timing"):
+            _host_rows(op, workload, mode, name, case, timing, emit, summary)
+        # Figures only the case can give (a model step's throughput, its optimizer's share).
+        for metric, value, unit, message in getattr(case, "extra_rows", lambda _: [])(stats[name].median):
+            emit(_row(op, workload, mode, name, metric, value, unit, OK, message))
         try:
             if device == "cuda":
                 peak = peak_memory_delta(case.run, case.prepare)
@@ -203,6 +208,20 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             summary.errors += 1
             emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
     cases.clear()
+
+
+def _host_rows(op: Op, workload: Workload, mode: str, name: str, case, timing: TimingConfig,
+               emit: _Emitter, summary: RunSummary) -> None:
+    """Per-call host time (workloads marked ``host_timing``: inputs so small that the host, not
+    the GPU, decides the speed), beside the device time of the same candidate."""
+    try:
+        sample = time_host(case.run, case.prepare, timing)
+        st = summarize(sample.times, sample.mode)
+        emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
+                  f"{sample.mode}; median of {st.reps}, IQR/median {st.relative_iqr:.1%}"))
+    except Exception as exc:  # noqa: BLE001
+        summary.errors += 1
+        emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR, _error_message(exc)))
 
 
 def _interpreted_telemetry(op: Op, cand: Candidate, workload: Workload, device: str, mode: str,

@@ -189,3 +189,42 @@ def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return Sample(times, "cpu perf_counter", _median(times))
+
+
+# Host timing: calls between two device synchronisations. Small enough that tiny workloads never
+# fill the launch queue (a full queue would make the host wait for the GPU).
+HOST_SYNC_EVERY = 32
+
+
+def time_host(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
+              config: TimingConfig = TimingConfig()) -> Sample:
+    """Per-call host time in ms: ``perf_counter`` around each call, the device not waited for
+    (it is synchronised every HOST_SYNC_EVERY calls, outside the timed calls). Meant for inputs
+    so small that the GPU finishes each call before the host has issued the next: then this is
+    what a call costs the host (argument checks, allocation, launches, autograd bookkeeping)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    sync = torch.cuda.synchronize if cuda else _no_prep
+    prepare()
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        prepare()
+        fn()
+    sync()
+    estimate = (time.perf_counter() - t0) * 1e3 / 5
+    for _ in range(_estimate_count(config.warmup_ms, estimate, 1, config.max_reps)):
+        prepare()
+        fn()
+    sync()
+    n_reps = _estimate_count(config.rep_ms, estimate, config.min_reps, config.max_reps)
+    times = []
+    for i in range(n_reps):
+        prepare()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if i % HOST_SYNC_EVERY == HOST_SYNC_EVERY - 1:
+            sync()
+    sync()
+    return Sample(times, "host perf_counter per call, device not waited for", _median(times))

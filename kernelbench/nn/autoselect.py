@@ -7,7 +7,8 @@ kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, 
 ``~/.cache/kernelbench/autoselect.json``) keyed also by GPU name and torch / triton versions, so
 another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
 answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
-one log line.
+one log line. A call being traced by torch.compile measures nothing and reads no file: see
+:func:`compiled_choice`.
 
 :func:`autoselect_report` is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype
 bf16`` prints: each implementation's time and the choice.
@@ -50,6 +51,7 @@ def cache_path() -> Path:
 def clear_memory_cache() -> None:
     """Forget in-process answers (the file stays): the next call reads the file again."""
     _memory.clear()
+    _choices.clear()
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,7 +145,7 @@ def _triton_blocker(op: str, shape: tuple) -> str | None:
     """Why the Triton implementation is out for this shape, or None."""
     if _triton_version() is None:
         return "triton not installed"
-    if op == "rmsnorm":
+    if op == "rmsnorm" and shape:
         from .rmsnorm import MAX_N
 
         if shape[-1] > MAX_N:
@@ -282,6 +284,11 @@ def _decide(op, shape, dtype, device, mode, variant, timer) -> dict:
             "measured": True}
 
 
+# Answers of this process by (op, shape, dtype, device, mode, variant), a tuple of the values
+# themselves, so a repeated eager call costs one dict lookup (no key string, no file).
+_choices: dict[tuple, str] = {}
+
+
 def choose_impl(
     op: str,
     shape: tuple,
@@ -291,16 +298,33 @@ def choose_impl(
     requires_grad: bool,
     variant: str = "",
 ) -> str:
-    """"triton" or "torch" for this call; what ``impl="auto"`` resolves to."""
-    device = str(torch.device(device))
+    """"triton" or "torch" for this call; what ``impl="auto"`` resolves to.
+
+    Under torch.compile nothing here is traced: :func:`compiled_choice` runs once at trace time
+    and its answer is a constant of the graph (no guard, no recompilation)."""
     mode = "fwd+bwd" if requires_grad else "fwd"
     if torch.compiler.is_compiling():
-        # No measuring or file reads while tracing: a cached answer, else Triton where it can run.
-        cached = _memory.get(cache_key(op, tuple(shape), dtype, device, mode, variant))
-        if cached is not None:
-            return cached["choice"]
-        usable = _triton_blocker(op, tuple(shape)) is None and torch.device(device).type == "cuda"
-        return "triton" if usable else "torch"
-    if math.prod(shape) == 0:
-        return "torch"
-    return autoselect_report(op, tuple(shape), dtype, mode=mode, variant=variant, device=device)["choice"]
+        return compiled_choice(op, dtype, str(device), mode, variant)
+    key = (op, shape, dtype, device, mode, variant)
+    choice = _choices.get(key)
+    if choice is None:
+        if math.prod(shape) == 0:
+            return "torch"
+        device_name = str(torch.device(device))
+        choice = autoselect_report(op, tuple(shape), dtype, mode=mode, variant=variant, device=device_name)["choice"]
+        _choices[key] = choice
+    return choice
+
+
+@torch.compiler.assume_constant_result
+def compiled_choice(op: str, dtype: torch.dtype, device: str, mode: str, variant: str) -> str:
+    """The choice for a call being traced, made at trace time from constants only (a shape may
+    be symbolic there): what the last eager call of this process with the same op, dtype,
+    device, mode and variant chose, else Triton where it can run. Nothing is measured or read
+    from disk while tracing; run the model once eagerly to have its shapes measured."""
+    dev = torch.device(device)
+    for (k_op, _, k_dtype, k_device, k_mode, k_variant), choice in reversed(_choices.items()):
+        if (k_op, k_dtype, torch.device(k_device), k_mode, k_variant) == (op, dtype, dev, mode, variant):
+            return choice
+    usable = _triton_version() is not None and dev.type == "cuda"
+    return "triton" if usable else "torch"

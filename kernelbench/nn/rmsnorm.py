@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 from ..fast_launch import CachedLauncher
 
 MAX_N = 65536
+_HAVE_TRITON = getattr(triton, "available", True)
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 IMPLS = ("auto", "triton", "torch")
@@ -615,16 +616,18 @@ def _remember(plans: dict, key: tuple, plan):
 
 
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, block_m=None, num_warps=None, programs_per_sm=None,
-                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None, w_evict=None):
+                 early_weight=None, chunk_n=None, x_evict=None, x_reread_evict=None, w_evict=None, rstd=None):
     """y, h (the new residual, or None) and rstd. The keyword arguments override the launch
     configuration (None: the default); ``programs_per_sm`` makes the grid persistent (0: one row
     block per program, the default), ``chunk_n`` forces two passes over chunks of that width,
     ``x_evict`` / ``x_reread_evict`` / ``w_evict`` are the L2 eviction hints of x's reads and
     the weight's ("" none; None the default: _FWD_TWO_PASS_HINTS for two passes, none for one)."""
     m, n = x2d.shape
-    y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    # empty_like of rows with unit column stride is row-major (and cheaper on the host than empty).
+    y = torch.empty_like(x2d)
     h = torch.empty_like(y) if residual2d is not None else None
-    rstd = torch.empty((m,), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
+    if rstd is None:
+        rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None,
@@ -701,7 +704,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
       dy, of pass 2's, and of the weight's (None or "": no hint).
     - ``block_m`` (row kernels), ``num_warps``, ``programs_per_sm`` (persistent grid size)."""
     m, n = x2d.shape
-    dx = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    dx = torch.empty_like(x2d)  # row-major: rows with unit column stride (cheaper than empty)
     has_weight = weight is not None
     if m == 0:
         return dx, (torch.zeros_like(weight) if has_weight else None)
@@ -730,7 +733,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, block_m=None, num_warps=Non
     plan.main(*args)
     if plan.dw_columns is not None:
         plan.dw_columns(x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, partial, m, n, plan.rows_per_split)
-    dw = torch.empty((n,), dtype=weight.dtype, device=x2d.device)
+    dw = torch.empty_like(weight)
     plan.sum_rows(partial, dw, plan.partial_rows, n)
     return dx, dw
 
@@ -809,15 +812,33 @@ def _bwd_plan(args, has_weight, has_dres, block_m, num_warps, programs_per_sm, p
     return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows)
 
 
-def _forward(x, weight, residual, eps):
+# rstd written by forwards nobody differentiates: one buffer per (rows, dtype, device), never read.
+_MAX_SCRATCH = 16
+_rstd_scratch: dict[tuple, torch.Tensor] = {}
+
+
+def _scratch_rstd(m: int, x2d: torch.Tensor) -> torch.Tensor:
+    key = (m, x2d.dtype, x2d.device)
+    buf = _rstd_scratch.get(key)
+    if buf is None:
+        buf = _remember(_rstd_scratch, key, torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device))
+        while len(_rstd_scratch) > _MAX_SCRATCH:
+            del _rstd_scratch[next(iter(_rstd_scratch))]
+    return buf
+
+
+def _forward(x, weight, residual, eps, keep_rstd=True):
     """y and h (None without a residual) shaped like x, and what the backward needs: the
-    normalised rows, the weight as read, rstd."""
+    normalised rows, the weight as read, rstd (a shared scratch buffer unless ``keep_rstd``)."""
     n = x.shape[-1]
     x2d = _as_rows(x, n)
     res2d = _as_rows(residual, n) if residual is not None else None
     w = weight.contiguous() if weight is not None else None
-    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps)
-    return y.view(x.shape), (h.view(x.shape) if h is not None else None), (h if h is not None else x2d, w, rstd)
+    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps, rstd=None if keep_rstd else _scratch_rstd(x2d.shape[0], x2d))
+    saved = (h if h is not None else x2d, w, rstd)
+    if x.dim() == 2:  # a view costs host time; launch-bound calls notice
+        return y, h, saved
+    return y.view(x.shape), (h.view(x.shape) if h is not None else None), saved
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -836,9 +857,90 @@ class _RMSNormFunction(torch.autograd.Function):
         dy2d = _as_rows(dy, n) if dy is not None else torch.zeros_like(normed)
         dres2d = _as_rows(dh, n) if dh is not None else None
         dx, dw = _rmsnorm_bwd(normed, weight, rstd, dy2d, dres2d)
-        dx = dx.view(ctx.shape)
+        if len(ctx.shape) != 2:
+            dx = dx.view(ctx.shape)
         dres = dx if ctx.has_residual else None  # autograd clones where one tensor feeds two leaves
         return dx, dw, dres, None
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library custom ops: what torch.compile sees (an opaque op with a fake and an autograd
+# formula, so a model compiles with fullgraph=True; the op body runs the same launches as eager)
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("kernelbench::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], residual: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, h, rstd): h = x + residual (an empty tensor without a residual), rstd of shape (M,)."""
+    y, h, saved = _forward(x, weight, residual, eps)
+    return y, (h if h is not None else x.new_empty(0)), saved[2]
+
+
+@_rms_norm_fwd_op.register_fake
+def _(x, weight, residual, eps):
+    # Tracing runs this on every call: bad input fails here with the eager error's text.
+    _check_inputs(x, weight, residual)
+    if x.shape[-1] > MAX_N:
+        raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row the "
+                         "Triton kernels take; use impl='torch' or impl='auto'")
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
+    return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=_acc_dtype(x.dtype))
+
+
+@torch.library.custom_op("kernelbench::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd_op(
+    dy: torch.Tensor, dh: Optional[torch.Tensor], normed: torch.Tensor, weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) from the normalised input h (or x); dw is an empty tensor without a weight."""
+    n = normed.shape[-1]
+    dx, dw = _rmsnorm_bwd(_as_rows(normed, n), weight.contiguous() if weight is not None else None, rstd,
+                          _as_rows(dy, n),
+                          _as_rows(dh, n) if dh is not None else None)
+    return dx.view(normed.shape), (dw if dw is not None else normed.new_empty(0))
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, dh, normed, weight, rstd):
+    return normed.new_empty(normed.shape), (weight.new_empty(weight.shape) if weight is not None else normed.new_empty(0))
+
+
+def _op_setup_context(ctx, inputs, output):
+    x, weight, residual, _ = inputs
+    _, h, rstd = output
+    ctx.has_residual = residual is not None
+    ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+
+
+def _op_backward(ctx, dy, dh, _drstd):
+    normed, weight, rstd = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(normed)
+    dx, dw = torch.ops.kernelbench.rms_norm_bwd(dy, dh if ctx.has_residual else None, normed, weight, rstd)
+    return dx, (dw if weight is not None else None), (dx if ctx.has_residual else None), None
+
+
+_rms_norm_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+
+
+def _rms_norm_compiled(x, weight, residual, eps):
+    """The path taken under torch.compile: one custom op, whose output h is dropped without a residual."""
+    y, h, _ = torch.ops.kernelbench.rms_norm_fwd(x, weight, residual, eps)
+    return y if residual is None else (y, h)
+
+
+@torch.compiler.assume_constant_result
+def _triton_blocker_const(is_cuda: bool) -> bool:
+    """For a traced call, at trace time: raise when the Triton kernels cannot run here."""
+    why_not = None
+    if not getattr(triton, "available", True):
+        why_not = "triton not installed"
+    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+    if why_not:
+        raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    return True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -905,23 +1007,39 @@ def rms_norm(
     """
     if impl not in IMPLS:
         raise ValueError(f"rms_norm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    _check_inputs(x, weight, residual)
+    compiling = torch.compiler.is_compiling()
+    # Traced calls are checked by the op's fake implementation (a raise here would be a graph break).
+    if not compiling:
+        _check_inputs(x, weight, residual)
     if eps is None:
-        eps = torch.finfo(x.dtype).eps
+        eps = torch.finfo(x.dtype).eps if x.dtype.is_floating_point else 0.0
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad)
+        or (residual is not None and residual.requires_grad))
     if impl == "auto":
         from .autoselect import choose_impl
 
-        impl = choose_impl("rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=_needs_grad(x, weight, residual))
+        impl = "torch" if x.shape[-1] > MAX_N else choose_impl(
+            "rmsnorm", tuple(x.shape), x.dtype, x.device, requires_grad=needs_grad)
     if impl == "torch":
         return _torch_rms_norm(x, weight, eps, residual)
-    why_not = triton_usable(x)
-    if why_not is not None:
-        raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
-    if _needs_grad(x, weight, residual):
+    if compiling:
+        _triton_blocker_const(x.is_cuda)
+        return _rms_norm_compiled(x, weight, residual, float(eps))
+    if not ((x.is_cuda and _HAVE_TRITON) or _interpreter()) or x.shape[-1] > MAX_N:
+        raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
+    if needs_grad:
         return _RMSNormFunction.apply(x, weight, residual, float(eps))
-    # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
-    y, h, _ = _forward(x, weight, residual, float(eps))
+    # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host
+    # time in launch-bound calls).
+    y, h, _ = _forward(x, weight, residual, float(eps), keep_rstd=False)
     return y if h is None else (y, h)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> bool:
+    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
+    return getattr(triton, "available", True) and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:

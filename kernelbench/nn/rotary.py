@@ -27,7 +27,9 @@ variant, a ``torch.library`` custom op declaring that it mutates q and k.
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Optional
 
 import torch
 try:
@@ -344,6 +346,69 @@ class _RotaryFunction(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------
+# torch.library custom op: what torch.compile sees (fake and autograd formula registered; the
+# body runs the same launch as eager)
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("kernelbench::rotary", mutates_args=())
+def _rotary_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offsets: Optional[torch.Tensor],
+    position_offset: int, interleaved: bool, bshd: bool, backward: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k), new tensors; ``backward`` rotates by the transposed matrix (gradients)."""
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved, backward=backward,
+            copy_pass=True, layout="bshd" if bshd else "bhsd")
+    return q_out, k_out
+
+
+@_rotary_op.register_fake
+def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd, backward):
+    # Tracing runs this on every call: bad input fails here with the eager error's text (a
+    # per-batch offsets tensor is checked for its shape; its values are unknown while tracing).
+    _check(q, k, cos, sin, "interleaved" if interleaved else "half", "bshd" if bshd else "bhsd",
+           offsets if offsets is not None else position_offset)
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _rotary_op_setup_context(ctx, inputs, output):
+    _, _, cos, sin, offsets, position_offset, interleaved, bshd, _ = inputs
+    ctx.save_for_backward(cos, sin, offsets)
+    ctx.args = (position_offset, interleaved, bshd)
+
+
+def _rotary_op_backward(ctx, dq_out, dk_out):
+    cos, sin, offsets = ctx.saved_tensors
+    dq, dk = torch.ops.kernelbench.rotary(dq_out, dk_out, cos, sin, offsets, *ctx.args, True)
+    return dq, dk, None, None, None, None, None, None, None
+
+
+_rotary_op.register_autograd(_rotary_op_backward, setup_context=_rotary_op_setup_context)
+
+
+@torch.compiler.assume_constant_result
+def _triton_blocker_const(is_cuda: bool, caller: str) -> bool:
+    """For a traced call, at trace time: raise when the Triton kernel cannot run here."""
+    why_not = None
+    if not getattr(triton, "available", True):
+        why_not = "triton not installed"
+    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+    if why_not:
+        raise ValueError(f"{caller}: {why_not}; use impl='torch' or impl='auto'")
+    return True
+
+
+@torch.compiler.assume_constant_result
+def _check_options_const(style: str, layout: str) -> bool:
+    """The string options of a traced call, checked at trace time (they are constants there)."""
+    if style not in STYLES:
+        raise ValueError(f"apply_rotary: style must be one of {', '.join(STYLES)}, got {style!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"apply_rotary: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------------
 def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,8 +451,12 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
                 f"apply_rotary: position_offset tensor must be integer of shape ({qb[0]},), got "
                 f"{position_offset.dtype} {tuple(position_offset.shape)}"
             )
-        # One host sync: an out-of-range offset would otherwise read past cos / sin.
-        lo, hi = int(position_offset.min()), int(position_offset.max())
+        if isinstance(position_offset, torch._subclasses.FakeTensor) or torch.compiler.is_compiling():
+            # A traced tensor's values are unknown: only the sequence itself is checked.
+            lo, hi = 0, 0
+        else:
+            # One host sync: an out-of-range offset would otherwise read past cos / sin.
+            lo, hi = int(position_offset.min()), int(position_offset.max())
     else:
         lo = hi = int(position_offset)
     if lo < 0:
@@ -407,6 +476,15 @@ def triton_usable(q: torch.Tensor) -> str | None:
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
     return None
+
+
+_HAVE_TRITON = getattr(triton, "available", True)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> bool:
+    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
+    return _HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _table_for_kernel(t: torch.Tensor) -> torch.Tensor:
@@ -440,7 +518,12 @@ def apply_rotary(
     """
     if impl not in IMPLS:
         raise ValueError(f"apply_rotary: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
+    if torch.compiler.is_compiling():
+        # Tensors are checked by the op's fake implementation (a raise here would be a graph break).
+        _check_options_const(style, layout)
+        cos, sin = _table_2d(cos), _table_2d(sin)
+    else:
+        cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
     if impl == "auto":
         from .autoselect import choose_impl
 
@@ -450,9 +533,13 @@ def apply_rotary(
         impl = choose_impl("rotary", shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
     if impl == "torch":
         return rotary_ref(q, k, cos, sin, style=style, layout=layout, position_offset=position_offset)
-    why_not = triton_usable(q)
-    if why_not is not None:
-        raise ValueError(f"apply_rotary(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    if torch.compiler.is_compiling():
+        _triton_blocker_const(q.is_cuda, "apply_rotary(impl='triton')")
+        offsets, offset = _offsets_for_kernel(position_offset, q.device)
+        return torch.ops.kernelbench.rotary(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
+                                            style == "interleaved", layout == "bshd", False)
+    if not ((q.is_cuda and _HAVE_TRITON) or _interpreter()):
+        raise ValueError(f"apply_rotary(impl='triton'): {triton_usable(q)}; use impl='torch' or impl='auto'")
     offsets, offset = _offsets_for_kernel(position_offset, q.device)
     cos, sin = _table_for_kernel(cos), _table_for_kernel(sin)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
@@ -473,6 +560,8 @@ def _rotary_inplace_op(
 
 @_rotary_inplace_op.register_fake
 def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd) -> None:
+    _check(q, k, cos, sin, "interleaved" if interleaved else "half", "bshd" if bshd else "bhsd",
+           offsets if offsets is not None else position_offset)
     return None
 
 
@@ -491,10 +580,15 @@ def apply_rotary_(
     A ``torch.library`` custom op (``kernelbench::rotary_``) that declares it mutates q and k, so
     torch.compile and CUDA graphs see the write. Returns q and k.
     """
-    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
-    why_not = triton_usable(q)
-    if why_not is not None:
-        raise ValueError(f"apply_rotary_: {why_not}")
+    if torch.compiler.is_compiling():
+        _check_options_const(style, layout)
+        cos, sin = _table_2d(cos), _table_2d(sin)  # checked by the op's fake implementation
+        _triton_blocker_const(q.is_cuda, "apply_rotary_")
+    else:
+        cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
+        why_not = triton_usable(q)
+        if why_not is not None:
+            raise ValueError(f"apply_rotary_: {why_not}")
     offsets, offset = _offsets_for_kernel(position_offset, q.device)
     torch.ops.kernelbench.rotary_(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
                                   style == "interleaved", layout == "bshd")

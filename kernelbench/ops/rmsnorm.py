@@ -43,8 +43,12 @@ def _bytes(workload: Workload, mode: str) -> int:
     return numel * size * (2 if mode == "fwd" else 5)
 
 
-def _workload(name: str, tier: str, shape: tuple[int, ...], dtype: str, seed: int = 0) -> Workload:
-    return Workload(name, tier, {"shape": shape, "dtype": dtype}, seed=seed)
+def _workload(name: str, tier: str, shape: tuple[int, ...], dtype: str, seed: int = 0,
+              host_timing: bool = False) -> Workload:
+    spec = {"shape": shape, "dtype": dtype}
+    if host_timing:  # the harness adds the per-call host time beside the device time
+        spec["host_timing"] = True
+    return Workload(name, tier, spec, seed=seed)
 
 
 # The sweep keeps M*N = 2^27 elements (256 MiB of bf16), the size of the headline shape.
@@ -59,6 +63,8 @@ rmsnorm = FunctionOp(
         _workload("1x760-fp32", "cpu", (1, 760), "fp32", seed=2),
         _workload("5x123x123-bf16", "cpu", (5, 123, 123), "bf16", seed=3),
         _workload("32768x4096-bf16", "gpu", (32768, 4096), "bf16"),
+        # Decode-sized / small per-GPU batch: the host's time per call decides the speed.
+        _workload("host-8x4096", "gpu", (8, 4096), "bf16", host_timing=True),
         *SWEEP,
     ],
     speed_anchor="torch-compile",

@@ -1,0 +1,177 @@
+"""kernelbench.nn under torch.compile, on the CPU: the custom ops' schemas, fake tensors and
+autograd registration (torch.library.opcheck), zero graph breaks on a small block, compiled
+forward and backward equal to eager (aot_eager backend, kernels in the Triton interpreter), no
+recompilation on fresh same-shape inputs, and bad input reported with the eager message."""
+
+import pytest
+import torch
+
+from kernelbench.nn import RMSNorm, apply_rotary, apply_rotary_, autoselect, rms_norm
+
+HEADS, HEAD_DIM = 2, 8
+HIDDEN = HEADS * HEAD_DIM
+
+
+def test_schemas():
+    ops = torch.ops.kernelbench
+    assert str(ops.rms_norm_fwd.default._schema) == (
+        "kernelbench::rms_norm_fwd(Tensor x, Tensor? weight, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor)")
+    assert str(ops.rms_norm_bwd.default._schema) == (
+        "kernelbench::rms_norm_bwd(Tensor dy, Tensor? dh, Tensor normed, Tensor? weight, Tensor rstd) -> (Tensor, Tensor)")
+    assert str(ops.rotary.default._schema) == (
+        "kernelbench::rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? offsets, SymInt position_offset, "
+        "bool interleaved, bool bshd, bool backward) -> (Tensor, Tensor)")
+    assert "Tensor(a0!) q, Tensor(a1!) k" in str(ops.rotary_.default._schema)
+
+
+@pytest.mark.parametrize("residual, weight", [(False, True), (True, True), (True, False)])
+def test_opcheck_rms_norm(residual, weight):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 16, generator=gen, requires_grad=True)
+    w = torch.randn(16, generator=gen, requires_grad=True) if weight else None
+    r = torch.randn(3, 5, 16, generator=gen, requires_grad=True) if residual else None
+    torch.library.opcheck(torch.ops.kernelbench.rms_norm_fwd.default, (x, w, r, 1e-6))
+    with torch.no_grad():
+        _, h, rstd = torch.ops.kernelbench.rms_norm_fwd(x, w, r, 1e-6)
+    normed = h if residual else x.detach()
+    torch.library.opcheck(torch.ops.kernelbench.rms_norm_bwd.default,
+                          (torch.randn_like(x), torch.randn_like(x) if residual else None, normed,
+                           None if w is None else w.detach(), rstd))
+
+
+@pytest.mark.parametrize("interleaved, bshd, offsets", [(False, False, False), (True, True, True)])
+def test_opcheck_rotary(interleaved, bshd, offsets):
+    gen = torch.Generator().manual_seed(1)
+    shape = (lambda h: (2, 4, h, HEAD_DIM)) if bshd else (lambda h: (2, h, 4, HEAD_DIM))
+    q = torch.randn(shape(4), generator=gen, requires_grad=True)
+    k = torch.randn(shape(2), generator=gen, requires_grad=True)
+    angles = torch.rand(9, HEAD_DIM, generator=gen)
+    off = torch.tensor([0, 5]) if offsets else None
+    args = (q, k, angles.cos(), angles.sin(), off, 0 if offsets else 3, interleaved, bshd, False)
+    torch.library.opcheck(torch.ops.kernelbench.rotary.default, args)
+
+
+class Block(torch.nn.Module):
+    """RMSNorm (fused residual), linear, rotary, RMSNorm: the layers as a model uses them."""
+
+    def __init__(self, impl):
+        super().__init__()
+        self.impl = impl
+        self.norm1 = RMSNorm(HIDDEN, impl=impl)
+        self.proj = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.norm2 = RMSNorm(HIDDEN, impl=impl)
+
+    def forward(self, x, residual, cos, sin):
+        b, s, _ = x.shape
+        y, h = self.norm1(x, residual)
+        q, k = self.proj(y).view(b, s, 2 * HEADS, HEAD_DIM).transpose(1, 2).chunk(2, dim=1)
+        q, k = apply_rotary(q, k, cos, sin, impl=self.impl)
+        return self.norm2((q + k).transpose(1, 2).reshape(b, s, HIDDEN)) + rms_norm(h, impl=self.impl)
+
+
+def _inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, HIDDEN, generator=gen, requires_grad=True)
+    r = torch.randn(2, 4, HIDDEN, generator=gen, requires_grad=True)
+    angles = torch.rand(4, HEAD_DIM, generator=gen)
+    return x, r, angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_no_graph_breaks(impl):
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(Block(impl))(*_inputs(0))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+def test_compiled_matches_eager_and_does_not_recompile():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = Block("triton")
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    for step in range(5):
+        x, r, cos, sin = _inputs(step)
+        out = compiled(x, r, cos, sin)
+        out.square().sum().backward()
+        got = [out.detach(), x.grad, r.grad] + [p.grad for p in block.parameters()]
+        block.zero_grad(set_to_none=True)
+        x2, r2 = x.detach().clone().requires_grad_(True), r.detach().clone().requires_grad_(True)
+        ref = block(x2, r2, cos, sin)
+        ref.square().sum().backward()
+        want = [ref.detach(), x2.grad, r2.grad] + [p.grad for p in block.parameters()]
+        block.zero_grad(set_to_none=True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["recompiles"]
+
+
+def test_auto_is_decided_outside_the_trace(tmp_path, monkeypatch):
+    """impl='auto' under compile reads no file and builds no version string: the choice is a
+    trace-time constant from what eager calls decided."""
+    monkeypatch.setenv(autoselect.CACHE_ENV, str(tmp_path))
+    autoselect.clear_memory_cache()
+    calls = []
+    monkeypatch.setattr(autoselect, "_read_file", lambda: calls.append("read") or {})
+    monkeypatch.setattr(autoselect, "cache_key", lambda *a, **k: calls.append("key") or "k")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: rms_norm(x, impl="auto"), backend="eager", fullgraph=True)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(compiled(x), rms_norm(x, impl="torch"))
+    assert calls == []
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: rms_norm(torch.randn(4, 8), torch.ones(7), impl="triton"), r"weight has shape \(7,\), expected \(8,\)"),
+    (lambda: rms_norm(torch.randn(4, 8).int(), torch.ones(8), impl="triton"), "unsupported dtype torch.int32"),
+    (lambda: rms_norm(torch.randn(2, 70000), impl="triton"), "last dimension 70000 > 65536"),
+    (lambda: rms_norm(torch.randn(4, 8), residual=torch.randn(4, 9), impl="triton"), r"residual has shape \(4, 9\)"),
+    (lambda: apply_rotary(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 5, 8), torch.ones(4, 8), torch.ones(4, 8),
+                          impl="triton"), "must share batch, sequence and head dimension"),
+    (lambda: apply_rotary(torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8), torch.ones(4, 8), torch.ones(4, 8),
+                          impl="triton"), "shorter than the 9 needed"),
+    (lambda: apply_rotary(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.ones(4, 8), torch.ones(4, 8),
+                          layout="sbhd", impl="triton"), "layout must be one of bhsd, bshd, got 'sbhd'"),
+])
+def test_bad_input_under_compile_raises_the_eager_message(call, message):
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=message):
+        torch.compile(call, backend="aot_eager", fullgraph=True)()
+
+
+def test_inplace_rotary_compiles_whole():
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(1, 2, 4, HEAD_DIM, generator=gen), torch.randn(1, 1, 4, HEAD_DIM, generator=gen)
+    angles = torch.rand(4, HEAD_DIM, generator=gen)
+    want = apply_rotary(q, k, angles.cos(), angles.sin(), impl="triton")
+    torch._dynamo.reset()
+    torch.compile(lambda a, b: apply_rotary_(a, b, angles.cos(), angles.sin()), backend="aot_eager",
+                  fullgraph=True)(q, k)
+    torch.testing.assert_close(q, want[0])
+    torch.testing.assert_close(k, want[1])
+
+
+def test_compiled_strided_inputs_match_eager():
+    """A strided weight (every other element of a buffer) and a column-major x go through the
+    ops' copies, forward and backward, as in eager."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 6, generator=gen).t().requires_grad_(True)  # (6, 16), column-major
+    buffer = torch.randn(32, generator=gen)
+
+    def fn(a, b):
+        return rms_norm(a, b[::2], 1e-6, impl="triton")
+
+    torch._dynamo.reset()
+    results = []
+    for f in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        b = buffer.clone().requires_grad_(True)
+        out = f(x, b)
+        out.square().sum().backward()
+        results.append((out.detach(), x.grad.clone(), b.grad.clone()))
+        x.grad = None
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
