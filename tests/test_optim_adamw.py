@@ -241,3 +241,28 @@ def test_adamw_step_flat_matches_torch():
     assert_close(v, opt.state[ref]["exp_avg_sq"], "flat exp_avg_sq")
     with pytest.raises(ValueError, match="contiguous 1-D fp32"):
         adamw_step_flat(p.view(1, -1), g, m, v, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+
+
+def test_new_gradient_tensors_each_step_repoint_the_table_without_a_rebuild(monkeypatch):
+    """zero_grad(set_to_none=True) makes every backward allocate new gradients: the plan keeps its
+    per-program map and only points at the new tensors (a rebuild is O(parameters) host work)."""
+    params = [torch.nn.Parameter(p) for p in make_params(3)]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = TritonAdamW(params, lr=1e-2, weight_decay=0.1)
+    torch_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, foreach=False)
+    builds = []
+    build = ours._build_plan
+    monkeypatch.setattr(ours, "_build_plan", lambda *a, **k: builds.append(1) or build(*a, **k))
+    gen = torch.Generator().manual_seed(4)
+    held = []
+    for _ in range(4):
+        held.append(torch.empty(1000))  # moves the allocator, so the new gradients land elsewhere
+        set_grads(params, ref, gen)
+        ours.step()
+        torch_opt.step()
+        ours.zero_grad()
+        torch_opt.zero_grad()
+    assert len(builds) == 1
+    for i, (a, b) in enumerate(zip(params, ref)):
+        assert_close(a, b, f"param {i}")
+        assert_close(ours.state[a]["exp_avg_sq"], torch_opt.state[b]["exp_avg_sq"], f"exp_avg_sq {i}")

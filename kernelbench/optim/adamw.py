@@ -395,6 +395,7 @@ class _LaunchPlan:
             rows += row + [p.numel(), len(program_tensor)]
             program_tensor.extend([i] * triton.cdiv(p.numel(), BLOCK))
         self.key = key
+        self.grad_ptrs = tuple(g.data_ptr() for g in grads)
         self.n_tensors = len(params)
         self.n_programs = len(program_tensor)
         self.step_addresses = [s["step"].data_ptr() for s in states]
@@ -408,6 +409,27 @@ class _LaunchPlan:
         self.scalars: tuple = ()
         self.launch: CachedLauncher | None = None  # for the group's current compile-time flags
         self.launchers: dict[tuple[bool, bool, bool], CachedLauncher] = {}  # by (amsgrad, maximize, increment)
+
+
+    def repoint_grads(self, grad_ptrs: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
+                      labels: dict) -> bool:
+        """Point the table at new gradient tensors (a backward after ``zero_grad(set_to_none=True)``,
+        torch's default, allocates them anew): only the gradient column is rewritten, not the
+        table's per-program map, whose size grows with the parameter count. False when the plan
+        must be rebuilt instead (a gradient that breaks the alignment the kernel was built for)."""
+        if grad_ptrs == self.grad_ptrs:
+            return True
+        if self.aligned and any(a % 16 for a in grad_ptrs):
+            return False
+        refuse_rebuild_while_capturing(_WHO)
+        device = params[0].device
+        for p, g, old, new in zip(params, grads, self.grad_ptrs, grad_ptrs):
+            if old != new:
+                check_param_and_grad(labels[id(p)], p, g, device, SUPPORTED_DTYPES, _WHO)
+        column = self.table[_G.value: self.n_tensors * TABLE_STRIDE: TABLE_STRIDE]
+        column.copy_(upload_int64(grad_ptrs, device))
+        self.grad_ptrs = grad_ptrs
+        return True
 
 
 class TritonAdamW(torch.optim.Optimizer):
@@ -494,14 +516,14 @@ class TritonAdamW(torch.optim.Optimizer):
     def _plan(self, index: int, group: dict, dtype: torch.dtype, params: list[torch.Tensor]) -> _LaunchPlan:
         grads = [p.grad for p in params]
         try:
-            key = (tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
-                   + (group["amsgrad"],))
+            key = tuple(map(torch.Tensor.data_ptr, params)) + (group["amsgrad"],)
+            grad_ptrs = tuple(map(torch.Tensor.data_ptr, grads))
         except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
             for p, g in zip(params, grads):
                 check_param_and_grad(self._labels[id(p)], p, g, p.device, SUPPORTED_DTYPES, _WHO)
             raise
         plan = self._plans.get((index, dtype))
-        if plan is None or plan.key != key:
+        if plan is None or plan.key != key or not plan.repoint_grads(grad_ptrs, params, grads, self._labels):
             plan = self._plans[(index, dtype)] = self._build_plan(key, group, params, grads)
         return plan
 
