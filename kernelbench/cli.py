@@ -716,7 +716,7 @@ def train_cmd(
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate for every candidate (default: the op's).")] = None,
     rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on each side.")] = 0.01,
     ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their spread is the band.")] = 3,
-    model: Annotated[Optional[str], typer.Option("--model", help="A kernelbench.models config (default: llama-15m on CUDA, llama-tiny on the CPU).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="A kernelbench.models config (default: llama-7m on CUDA, llama-tiny on the CPU).")] = None,
     candidate: CandidateOpt = None,
     state: StateOpt = None,
     device: DeviceOpt = "auto",

@@ -238,12 +238,12 @@ class Llama(nn.Module):
 
 
 # Named configurations: a tiny one the CPU tests and CPU suites run (Triton in the interpreter), a
-# ~15M-parameter one small enough to train for hundreds of steps in a minute on one GPU, and four
+# ~7M-parameter one small enough to train for hundreds of steps in a minute on one GPU, and four
 # layers of a 1B-class model for timing a training step.
 CONFIGS = {
     "llama-tiny": LlamaConfig(vocab_size=128, hidden=64, n_layers=2, n_heads=4, n_kv_heads=2,
                               intermediate=128, max_seq=64),
-    "llama-15m": LlamaConfig(vocab_size=4096, hidden=256, n_layers=6, n_heads=8, n_kv_heads=4,
+    "llama-7m": LlamaConfig(vocab_size=4096, hidden=256, n_layers=6, n_heads=8, n_kv_heads=4,
                              intermediate=768, max_seq=512),
     "llama-1b-layer4": LlamaConfig(vocab_size=32000, hidden=2048, n_layers=4, n_heads=16, n_kv_heads=8,
                                    intermediate=8192, max_seq=2048),

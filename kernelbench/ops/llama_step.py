@@ -241,7 +241,7 @@ llama_step = LlamaStepOp(
     doc="Llama-style decoder step (fwd+bwd, or train with an optimizer) with torch / kernelbench / liger layers",
     workloads=[
         _workload("llama-tiny", "cpu", "llama-tiny", 2, 16, "fp32", seed=1),
-        _workload("llama-15m", "gpu", "llama-15m", 8, 512, "bf16",
+        _workload("llama-7m", "gpu", "llama-7m", 8, 512, "bf16",
                   note="small per-GPU batch: launch overhead counts"),
         _workload("llama-1b-layer4", "gpu", "llama-1b-layer4", 4, 2048, "bf16"),
     ],

@@ -47,7 +47,7 @@ class TrainSettings:
     def defaults(cls, device: str, **given) -> "TrainSettings":
         """The default model and sizes of a device (the GPU one, or a seconds-long CPU one),
         overridden by whatever is given (None means not given)."""
-        base = (dict(model="llama-15m", steps=500, batch=32, seq=256) if device == "cuda"
+        base = (dict(model="llama-7m", steps=500, batch=32, seq=256) if device == "cuda"
                 else dict(model="llama-tiny", steps=20, batch=4, seq=32))
         base.update({k: v for k, v in given.items() if v is not None})
         if given.get("seq") is None and base["model"] in CONFIGS:  # a default fits any model

@@ -77,7 +77,7 @@ def test_five_compiled_steps_match_eager_without_recompiling(dtype, tol):
 @pytest.mark.parametrize("autocast", [False, True])
 def test_llama_compiles_whole_with_kernelbench_layers(autocast):
     torch._dynamo.reset()
-    cfg = CONFIGS["llama-15m"]
+    cfg = CONFIGS["llama-7m"]
     torch.manual_seed(0)
     ours = Llama(cfg, "kernelbench", impl="triton").cuda()
     if not autocast:

@@ -30,7 +30,7 @@ def test_stream_lives_on_the_device_and_matches_its_floor():
 def test_steps_make_no_host_sync(op, candidate):
     """Between the first step (kernel compilation, allocator warm-up) and the end, a training
     step with our optimizers never waits for the GPU."""
-    config = CONFIGS["llama-15m"]
+    config = CONFIGS["llama-7m"]
     stream = MarkovStream(config.vocab_size, n_sequences=8 * 16, seq=128, device="cuda")
     init = initial_state(config, 0, "cuda")
     cand = next(c for c in resolve(op, config, names=[candidate]) if c.name == candidate)
