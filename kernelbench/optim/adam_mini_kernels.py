@@ -293,9 +293,11 @@ def _adam_mini_block_kernel(
 
     The barrier before each vmean store: every warp loads the block's vmean itself, and a scalar
     store is made by one thread. Without a barrier a fast warp could store the new vmean before a
-    slow warp had loaded the old one; the slow warp then applied beta2 twice and its share of the
-    row (1 / num_warps of it) got a smaller update. Seen on an H200 at L = 4096 (one warp of one
-    row in ~24k programs, a different row each run). The same holds for the fp8 scale slots."""
+    slow warp had loaded the old one; the slow warp would then apply beta2 twice and its share of
+    the row (1 / num_warps of it) get a smaller update: rare (a few rows in a large launch, a
+    different one each run) but real on the GPU at L = 4096, which
+    tests/gpu/test_optim_adam_gpu.py::test_adam_mini_one_pass_rows_match_two_pass_on_gpu checks.
+    The same holds for the fp8 scale slots."""
     block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
         table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
     inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
@@ -398,6 +400,7 @@ class LaunchPlan:
             g_addr = g.data_ptr() + seg.start * g.element_size()
             m_addr = m.data_ptr() + seg.start * m.element_size()
             vector_addresses += [p_addr, g_addr, m_addr]
+            # columns _P, _G, _M, _SCALE, _VMEAN, _STEP, _NBLOCKS, _FIRST
             table += [p_addr, g_addr, m_addr, scale_addr, vmean.data_ptr() + 4 * seg.block_offset,
                       s["step"].data_ptr(), seg.n_blocks, len(program_tensor)]
             self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
