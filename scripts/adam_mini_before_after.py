@@ -2,13 +2,14 @@
 
 Each class gets its own copy of the same parameters and gradients (the workload's seed); rounds
 alternate A B A B ..., each round timing ``step()`` with the harness's ``time_cuda`` (CUDA events,
-L2 flushed, median of per-rep times). Before timing, one step of each from the same start is
-compared (max relative difference of the parameters). One JSON line per state dtype, then a
-summary line. On the CPU (``--device cpu``, the Triton interpreter) it only checks that the
-script runs: host times there mean nothing.
+L2 flushed, median of per-rep times). Before timing, both are checked from the same start: the
+max relative difference of the parameters after one step, and whether parameters and every
+state tensor are bit-identical after ``--check-steps`` steps on the same fresh gradients. One
+JSON line per state dtype. On the CPU (``--device cpu``, the Triton interpreter) the check is
+real but the times mean nothing.
 
     # on the GPU machine, with the old module placed beside the new one:
-    git show ddf617d:kernelbench/optim/adam_mini.py > kernelbench/optim/_adam_mini_before.py
+    git show 5985a35:kernelbench/optim/adam_mini.py > kernelbench/optim/_adam_mini_before.py
     python scripts/adam_mini_before_after.py --before kernelbench.optim._adam_mini_before \\
         --after kernelbench.optim.adam_mini --workload llama-468m --out $OUT/adam-mini-before-after.jsonl
 """
@@ -53,6 +54,40 @@ def first_step_difference(cls_a, cls_b, workload, device: str, state_dtype: str)
     return max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for (_, a), (_, b) in zip(pa, pb))
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, so that fp8 and NaNs compare bit for bit."""
+    return t.detach().contiguous().view(-1).view(torch.uint8)
+
+
+def identical_after_steps(cls_a, cls_b, workload, device: str, state_dtype: str, steps: int) -> dict[str, bool]:
+    """Both from the same start, ``steps`` steps on the same fresh gradients: are the parameters
+    and every state tensor (same keys, dtypes, shapes, bytes) identical?"""
+    (pa, oa), (pb, ob) = build(cls_a, workload, device, state_dtype), build(cls_b, workload, device, state_dtype)
+    gen = torch.Generator(device=device).manual_seed(workload.seed + 1)
+    for _ in range(steps):
+        for (_, a), (_, b) in zip(pa, pb):
+            g = torch.randn(a.shape, generator=gen, device=device)
+            a.grad.copy_(g)  # in place, as a training loop does: the cached launch plans are reused
+            b.grad.copy_(g)
+        oa.step()
+        ob.step()
+    params_identical = all(torch.equal(_bits(a), _bits(b)) for (_, a), (_, b) in zip(pa, pb))
+    state_identical = True
+    for (_, a), (_, b) in zip(pa, pb):
+        sa, sb = oa.state[a], ob.state[b]
+        if sa.keys() != sb.keys():
+            state_identical = False
+            continue
+        for key, va in sa.items():
+            vb = sb[key]
+            if isinstance(va, torch.Tensor):
+                same = (va.dtype == vb.dtype and va.shape == vb.shape and torch.equal(_bits(va), _bits(vb)))
+            else:
+                same = va == vb
+            state_identical &= bool(same)
+    return {"params_identical": params_identical, "state_identical": state_identical}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="module holding the AdamMini class to compare against")
@@ -61,6 +96,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--state", default="fp32,bf16,fp8", help="comma-separated state dtypes")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--check-steps", type=int, default=3, help="steps before the bit-identity check")
     parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args()
     classes = {"before": importlib.import_module(args.before).AdamMini,
@@ -71,6 +107,8 @@ def main() -> None:
     lines = []
     for state_dtype in args.state.split(","):
         diff = first_step_difference(classes["before"], classes["after"], workload, args.device, state_dtype)
+        identical = identical_after_steps(classes["before"], classes["after"], workload, args.device, state_dtype,
+                                          args.check_steps)
         built = {}
         for label, cls in classes.items():
             built[label] = build(cls, workload, args.device, state_dtype)
@@ -83,6 +121,7 @@ def main() -> None:
                     before_ms=statistics.median(medians["before"]), after_ms=statistics.median(medians["after"]),
                     before_rounds_ms=medians["before"], after_rounds_ms=medians["after"],
                     first_step_max_rel_diff=diff,
+                    check_steps=args.check_steps, **identical,
                     gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
         line["after_over_before"] = line["after_ms"] / line["before_ms"]
         lines.append(line)

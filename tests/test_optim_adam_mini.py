@@ -14,8 +14,14 @@ import triton.language as tl
 
 from kernelbench.ops.optim_workloads import llama_shapes
 from kernelbench.optim.adam_mini import (
-    AdamMini, Rule, _round_to_e4m3, adam_mini_block_ref, partition_param, round_to_e4m3_ref,
+    AdamMini,
+    LaunchConfig,
+    Rule,
+    adam_mini_block_ref,
+    partition_param,
+    round_to_e4m3_ref,
 )
+from kernelbench.optim.adam_mini_kernels import FP8_SCALE_BLOCK, _round_to_e4m3
 
 HP = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, dim=64, n_heads=4, n_kv_heads=2)
 LLAMA = llama_shapes(vocab=96, d=64, layers=1, heads=4, kv_heads=2, hidden=160)
@@ -223,19 +229,48 @@ def test_bad_inputs_are_clear_errors():
         AdamMini([p])
 
 
-def test_forced_two_pass_matches_one_pass_on_rows_of_4096(monkeypatch):
-    # Rows of 4096 (llama-468m's down_proj) are one pass; FORCE_TWO_PASS sends them through the
-    # two-pass path (the GPU probe's switch for isolating a one-pass fault). Both must agree.
-    # The race this guards against (a warp reading a vmean another warp already stored) cannot
-    # happen in the interpreter; scripts/probe_adam_mini_rows.py checks it on the GPU.
-    import kernelbench.optim.adam_mini as adam_mini
-
+def test_two_pass_matches_one_pass_on_rows_of_4096():
+    # Rows of 4096 (llama-468m's down_proj) are one pass; a half tile sends them through the
+    # two-pass path in 2048-element chunks. Both must agree. The race the barriers guard against (a
+    # warp reading a vmean another warp already stored) cannot happen in the interpreter.
     one = named([("mlp.down_proj.weight", (3, 4096))], seed=5)
     two = clone(one)
     opt_one = AdamMini(one, **HP)
-    monkeypatch.setattr(adam_mini, "FORCE_TWO_PASS", True)
-    opt_two = AdamMini(two, **HP)
+    opt_two = AdamMini(two, launch_config=LaunchConfig(tile=FP8_SCALE_BLOCK // 2), **HP)
     run([(opt_one, one), (opt_two, two)], steps=3, seed=6)
     (_, a), (_, b) = one[0], two[0]
     assert rel_err(a, b) < 1e-6
     assert rel_err(opt_one.state[a]["vmean"], opt_two.state[b]["vmean"]) < 1e-6
+
+
+def test_bad_launch_config_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"tile=3000; accepted: a power of two"):
+        LaunchConfig(tile=3000)
+    with pytest.raises(ValueError, match=r"num_warps=3; accepted"):
+        LaunchConfig(num_warps=3)
+    p = torch.nn.Parameter(torch.randn(6, 4))
+    with pytest.raises(ValueError, match=rf"fp8 state accepts only tile={FP8_SCALE_BLOCK}"):
+        AdamMini([("mlp.w", p)], state_dtype="fp8", launch_config=LaunchConfig(tile=2048))
+    with pytest.raises(TypeError, match="launch_config=4096; accepted: a"):
+        AdamMini([("mlp.w", p)], launch_config=4096)
+
+
+def test_kernels_read_only_constexpr_globals():
+    """Compiled Triton (the GPU) raises NameError for a global read inside @triton.jit unless it
+    is a tl.constexpr, another jit function or a module; the interpreter accepts anything."""
+    import dis
+    import types
+
+    from kernelbench.optim import adam_mini_kernels as module
+
+    jitted = {name: obj for name, obj in vars(module).items() if hasattr(obj, "fn") and callable(obj.fn)}
+    assert "_adam_mini_rows_kernel" in jitted and "_tensor_entry" in jitted
+    bad = []
+    for name, obj in jitted.items():
+        for ins in dis.get_instructions(obj.fn):
+            if ins.opname != "LOAD_GLOBAL" or ins.argval not in obj.fn.__globals__:
+                continue  # builtins are handled by Triton's code generator
+            value = obj.fn.__globals__[ins.argval]
+            if not (isinstance(value, (tl.constexpr, types.ModuleType)) or ins.argval in jitted):
+                bad.append(f"{name} reads {ins.argval} = {value!r}")
+    assert not bad, "globals that compiled Triton rejects: " + "; ".join(bad)

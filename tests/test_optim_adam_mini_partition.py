@@ -52,16 +52,19 @@ def t5_shapes(d=16, ff=24):
 
 def qwen2_shapes(d=16, heads=2, kv=1, ff=24):
     hd, shapes = d // heads, llama_shapes(vocab=40, d=d, layers=1, heads=heads, kv_heads=kv, hidden=ff)
-    return shapes + [("model.layers.0.self_attn.q_proj.bias", (d,)), ("model.layers.0.self_attn.k_proj.bias", (kv * hd,)),
+    return shapes + [("model.layers.0.self_attn.q_proj.bias", (d,)),
+                     ("model.layers.0.self_attn.k_proj.bias", (kv * hd,)),
                      ("model.layers.0.self_attn.v_proj.bias", (kv * hd,))]
 
 
 MODELS = {
     # name: (shapes, geometry); Mistral's parameter names are Llama's
     "gpt2": (gpt2_shapes(vocab=40, d=16, layers=1, positions=12), dict(dim=16, n_heads=2)),
-    "llama-gqa": (llama_shapes(vocab=40, d=16, layers=1, heads=2, kv_heads=1, hidden=24), dict(dim=16, n_heads=2, n_kv_heads=1)),
+    "llama-gqa": (llama_shapes(vocab=40, d=16, layers=1, heads=2, kv_heads=1, hidden=24),
+                  dict(dim=16, n_heads=2, n_kv_heads=1)),
     "qwen2": (qwen2_shapes(), dict(dim=16, n_heads=2, n_kv_heads=1)),
-    "phi-fused": (fused_qkv_shapes(vocab=40, d=16, layers=2, heads=2, kv_heads=1, hidden=24), dict(dim=16, n_heads=2, n_kv_heads=1)),
+    "phi-fused": (fused_qkv_shapes(vocab=40, d=16, layers=2, heads=2, kv_heads=1, hidden=24),
+                  dict(dim=16, n_heads=2, n_kv_heads=1)),
     "t5": (t5_shapes(), dict(dim=16, n_heads=2)),
 }
 
@@ -243,3 +246,4 @@ def test_before_after_script_runs_on_the_cpu(monkeypatch, capsys):
     runpy.run_path("scripts/adam_mini_before_after.py", run_name="__main__")
     (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert line["first_step_max_rel_diff"] == 0.0 and line["before_ms"] > 0 and line["after_ms"] > 0
+    assert line["params_identical"] and line["state_identical"] and line["check_steps"] == 3

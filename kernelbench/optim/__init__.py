@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# exported name: (module, name there)
 _EXPORTS = {
-    "TritonAdamW": "kernelbench.optim.adamw",
-    "AdamMini": "kernelbench.optim.adam_mini",
-    "Adafactor8bit": "kernelbench.optim.adafactor",
-    "Muon": "kernelbench.optim.muon",
-    "ShardedAdamW": "kernelbench.optim.sharded_adamw",
+    "TritonAdamW": ("kernelbench.optim.adamw", "TritonAdamW"),
+    "AdamMini": ("kernelbench.optim.adam_mini", "AdamMini"),
+    "AdamMiniLaunchConfig": ("kernelbench.optim.adam_mini_kernels", "LaunchConfig"),
+    "AdamMiniReference": ("kernelbench.optim.adam_mini_ref", "AdamMiniReference"),
+    "Adafactor8bit": ("kernelbench.optim.adafactor", "Adafactor8bit"),
+    "Muon": ("kernelbench.optim.muon", "Muon"),
+    "ShardedAdamW": ("kernelbench.optim.sharded_adamw", "ShardedAdamW"),
 }
 
 __all__ = list(_EXPORTS)
@@ -25,4 +28,5 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'kernelbench.optim' has no attribute '{name}'")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+    module, attr = _EXPORTS[name]
+    return getattr(importlib.import_module(module), attr)

@@ -1,4 +1,5 @@
-"""Adam-mini (arXiv 2406.16793) with fused Triton kernels and fp32 / bf16 / fp8 first-moment state.
+"""Adam-mini (arXiv 2406.16793): the ``torch.optim.Optimizer`` face of fused Triton kernels with
+fp32 / bf16 / fp8 first-moment state.
 
 Math, for each *block* B of a parameter (a row, an attention head, or the whole tensor; see the
 partition below) with |B| elements and step t:
@@ -25,66 +26,47 @@ code). A parameter under several names (tied embeddings) has one state. ``partit
 lists every decision. A parameter is one or more *segments* (a fused q/k/v weight: q heads, k
 heads, v rows), each a launch-table row of its own.
 
-Kernels. Every block of a runs segment is a contiguous run of the flattened parameter, so a
-launch takes all segments of a group that share a block length L (a compile-time constant, so loads vectorise):
-* L <= 2048 (rows of 1024, norms, biases): ``_adam_mini_rows_kernel``, one pass. A program holds
-  ROWS >= 2 whole blocks (ROWS * next_pow2(L) <= 4096 elements) in registers: it reads g, reduces
-  mean(g^2) per block, updates vmean, then reads p and m and writes them. 20 bytes per parameter
-  in fp32 (read p, g, m; write p, m).
-* L > 2048: ``_adam_mini_block_kernel``, one program per block. L <= 4096 (MLP down-projection
-  rows) is one pass as above; longer blocks (attention heads: 65536 elements in llama-468m) take
-  two passes in 4096-element chunks (the first reads g for the mean, the second updates), so g is
-  read twice: 24 bytes per parameter.
-* Step counters: one tiny launch per step() increments every counter first; the update kernels
-  only read them. No program writes anything another program reads.
+Kernels, launch plans and the fp8 format: ``adam_mini_kernels``. Here: param groups, the
+partition, state, the launch plans' cache, the PyTorch path, reports and checkpoints.
 
-State dtypes. ``fp32``: m in fp32. ``bf16``: m in bf16 (round to nearest). ``fp8``: m in
-float8_e4m3fn with one fp32 scale per *scale block* = the Adam-mini block when it fits one
-program (a row, a norm), or each 4096-element chunk of a longer block (a head); the scale is
-amax(|m|) / 448 of that scale block at the step it is written, so the largest element maps to
-e4m3's largest finite value; m is stored as e4m3(m * (1 / scale)) (one division per scale block,
-not per element). On the GPU the cast itself rounds to nearest even and saturates
-(cvt.rn.satfinite); in the Triton interpreter, whose fp32->fp8 cast mis-rounds across binade
-boundaries, the rounding is done first in fp32 arithmetic (``_round_to_e4m3``), so both give the
-same bits as torch's cast. Adam blocks
-(biases) keep m in bf16 under ``fp8``: a per-element scale would cost more than it saves. vmean
-is always fp32. The update of a step uses the unrounded new m; only the stored m is rounded.
-fp8 needs sm_89+ on the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16
-with one warning naming the reason. In the interpreter (CPU) fp8 runs as described above.
+State dtypes: ``fp32``, ``bf16`` or ``fp8`` m (vmean always fp32). Under ``fp8``, Adam blocks
+(biases) keep m in bf16: a per-element scale would cost more than it saves. fp8 needs sm_89+ on
+the GPU and torch.float8_e4m3fn; otherwise the optimizer falls back to bf16 with one warning
+naming the reason. In the interpreter (CPU) fp8 runs too. Parameters under ``min_8bit_size``
+elements (4096) keep fp32 m under bf16 / fp8 state, as bitsandbytes' min_8bit_size does: a
+norm's whole-tensor block in e4m3 saves a few hundred bytes for a visible error.
 
-Strided segments (Conv1D columns) are stepped
-by PyTorch ops, the same math per segment, m in fp32 or bf16 (bf16 under fp8 too), not by the
-kernels. Parameters under ``min_8bit_size`` elements (4096) keep fp32 m under bf16 / fp8 state,
-as bitsandbytes' min_8bit_size does: a norm's whole-tensor block in e4m3 saves a few hundred
-bytes for a visible error.
+Strided segments (Conv1D columns) are stepped by PyTorch ops, the same math per segment, m in
+fp32 or bf16 (bf16 under fp8 too), not by the kernels.
 
-Telemetry. Each program writes max|update| and max|m| of its elements to a small device buffer
-every step (no host sync); ``telemetry()`` reduces them per parameter on demand.
+Telemetry: ``telemetry()`` reduces the per-program max|update| and max|m| the kernels write
+every step (no host sync) per parameter, on demand.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
 from ._triton_utils import (
+    SUPPORTED_DTYPES,
     check_device_supported,
     check_param_and_grad,
-    f64_bits,
-    interpreting,
-    log_or_neg_inf,
     refuse_rebuild_while_capturing,
-    upload_int64,
 )
-from .adam_mini_partition import (
-    _WEIGHT_KINDS as _WEIGHT_ONLY,
+from .adam_mini_kernels import (
+    DEFAULT_LAUNCH,
+    FP8_SCALE_BLOCK,
+    M_KINDS,
+    LaunchConfig,
+    LaunchPlan,
+    StepTable,
+    launch,
+    scale_blocks,
 )
 from .adam_mini_partition import (
     FALLBACKS,
@@ -92,496 +74,23 @@ from .adam_mini_partition import (
     PRESETS,
     Partition,
     Rule,
-    Segment,
     block_dims,
+    decay_of,
     describe,
     partition_param,
     region,
+    state_shapes,
 )
-from .adamw import StepIncrementer, bias_corrections, reciprocal_in_fp64
+from .adam_mini_ref import AdamMiniReference, adam_mini_block_ref, round_to_e4m3_ref
+from .adamw import StepIncrementer
+
+__all__ = ["AdamMini", "AdamMiniReference", "LaunchConfig", "Rule", "STATE_DTYPES", "adam_mini_block_ref",
+           "partition_param", "round_to_e4m3_ref"]
 
 STATE_DTYPES = ("fp32", "bf16", "fp8")
-# Elements one program holds in registers: 16 per thread at 8 warps (four 16-byte fp32 vectors
-# per stream per thread). Unlike TritonAdamW's kernel (174 registers at 4096 / 8, one program per
-# SM, hence its smaller block), these kernels compile to 40-130 registers at 4096 / 8 (Triton 3.6,
-# sm_90; 254 for the Adam blocks of biases, L = 1), so several programs share an SM.
-# scripts/probe_adam.py sweeps (TILE, NUM_WARPS) on the GPU. TILE is also the fp8 scale block of
-# blocks longer than one tile; an optimizer reads both when it is constructed.
-TILE = 4096
-NUM_WARPS = 8
-# Diagnostic switch (scripts/probe_adam_mini_rows.py): True sends blocks of TILE / 2 < L <= TILE
-# through the two-pass path in TILE / 2 chunks instead of one pass. Read when an optimizer is
-# constructed; fp32 / bf16 state only (under fp8 the chunk is the scale block).
-FORCE_TWO_PASS = False
-E4M3_MAX = 448.0
 
 _WHO = "AdamMini"
 _LOG = logging.getLogger(__name__)
-_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
-_M_FP32, _M_BF16, _M_FP8 = 0, 1, 2
-E4M3_MAX_C = tl.constexpr(E4M3_MAX)
-# Launch table row per tensor: param, grad, m, m scale, vmean, step, n_blocks, first program
-# (8 int64 = one 64-byte line).
-TABLE_STRIDE = 8
-TABLE_STRIDE_C = tl.constexpr(TABLE_STRIDE)
-_STEP_COLUMN = 5
-
-
-# ---------------------------------------------------------------------------------------------
-# Kernels
-# ---------------------------------------------------------------------------------------------
-@triton.jit
-def _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr):
-    """From this step's t (already incremented on the device): 1/(1-beta1^t) and
-    1/sqrt(1-beta2^t) as fp32, computed in fp64 as the official code does on the host."""
-    t = tl.load(step_ptr).to(tl.float64)
-    bias_correction1, inv_bc2_sqrt = bias_corrections(t, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
-    return (1.0 / bias_correction1).to(tl.float32), inv_bc2_sqrt
-
-
-@triton.jit
-def _round_to_e4m3(x):
-    """Round fp32 to the nearest float8_e4m3fn value (ties to even), kept in fp32, clamped to
-    +-448. Exponent from the bits; the quotient by the grid spacing has magnitude < 16, so adding
-    and subtracting 1.5 * 2^23 rounds it to an integer in round-to-nearest-even arithmetic.
-    Used in the interpreter only, whose own fp32->fp8 cast mis-rounds across binade boundaries;
-    the GPU's cast (cvt.rn.satfinite) rounds the same way in one instruction per two values."""
-    bits = x.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the spacing of the lowest binade
-    spacing = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    inv_spacing = ((127 - (exponent - 3)) << 23).to(tl.float32, bitcast=True)
-    magic = 12582912.0  # 1.5 * 2^23
-    rounded = ((x * inv_spacing + magic) - magic) * spacing  # both scalings are exact powers of two
-    # keep the sign of values that round to zero (-0.0), as a cast would
-    rounded = (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-    rounded = tl.maximum(rounded, -E4M3_MAX_C, propagate_nan=tl.PropagateNan.ALL)
-    return tl.minimum(rounded, E4M3_MAX_C, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _load_f32(ptr, mask):
-    """Load as fp32; ``mask`` None (a full block) keeps the access unpredicated.
-    if / else rather than an early return: the compiler (unlike the interpreter) still generates
-    the statements after a return inside a compile-time ``if``, and ``other`` without a mask is
-    an error there."""
-    if mask is None:
-        x = tl.load(ptr)
-    else:
-        x = tl.load(ptr, mask=mask, other=0.0)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _load_m(m_ptr, scale, mask, M_KIND: tl.constexpr):
-    m = _load_f32(m_ptr, mask)
-    if M_KIND == 2:
-        m = m * scale
-    return m
-
-
-@triton.jit
-def _store_m(m_ptr, m, mask, M_KIND: tl.constexpr, REDUCE_AXIS: tl.constexpr, EMULATE_E4M3: tl.constexpr):
-    """Stores m in its state dtype; for fp8 returns the scale(s) used (amax / 448 along
-    REDUCE_AXIS), else 1.0. fp8: q = m * (1 / scale), one division per scale block."""
-    if M_KIND == 2:
-        if mask is None:
-            amax = tl.max(tl.abs(m), axis=REDUCE_AXIS)
-        else:
-            amax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=REDUCE_AXIS)
-        scale = tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0)
-        inv_scale = tl.div_rn(1.0, scale)
-        if REDUCE_AXIS == 1:
-            q = m * inv_scale[:, None]
-        else:
-            q = m * inv_scale
-        if EMULATE_E4M3:
-            q = _round_to_e4m3(q)
-        tl.store(m_ptr, q.to(tl.float8e4nv), mask=mask)
-    else:
-        scale = 1.0
-        tl.store(m_ptr, m.to(m_ptr.dtype.element_ty), mask=mask)
-    return scale
-
-
-@triton.jit
-def _aligned(addr, ptr_ty: tl.constexpr, ALIGNED: tl.constexpr):
-    """An int64 address as a pointer; with ALIGNED, marked 16-byte aligned *after* the cast (a
-    hint on the int64 does not survive int-to-pointer), so loads can be 16-byte vectors."""
-    ptr = addr.to(ptr_ty)
-    if ALIGNED:
-        ptr = tl.multiple_of(ptr, 16)
-    return ptr
-
-
-@triton.jit
-def _tensor_entry(table_ptr, n_tensors, ALIGNED: tl.constexpr, DTYPE: tl.constexpr, M_DTYPE: tl.constexpr):
-    """This program's index within its tensor and the tensor's pointers, from the launch table
-    (one 64-byte row per tensor: param, grad, m, m scale, vmean, step, n_blocks, first program)."""
-    pid = tl.program_id(0)
-    tensor = tl.load(table_ptr + TABLE_STRIDE_C * n_tensors + pid)
-    row = table_ptr + tensor * TABLE_STRIDE_C
-    p_ptr = _aligned(tl.load(row + 0), tl.pointer_type(DTYPE), ALIGNED)
-    g_ptr = _aligned(tl.load(row + 1), tl.pointer_type(DTYPE), ALIGNED)
-    m_ptr = _aligned(tl.load(row + 2), tl.pointer_type(M_DTYPE), ALIGNED)
-    scale_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
-    vmean_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float32))
-    step_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float32))
-    n_blocks = tl.load(row + 6)
-    first_program = tl.load(row + 7)
-    return pid - first_program, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks
-
-
-@triton.jit
-def _adam_mini_rows_kernel(
-    table_ptr,  # int64 [TABLE_STRIDE per tensor | n_programs tensor ids]
-    telemetry_ptr,  # fp32 [2, n_programs]: max|update|, max|m| of each program
-    n_tensors, n_programs,
-    lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, rounded on the host as torch would
-    log_beta1_bits, log_beta2_bits,  # int64: fp64 bit patterns
-    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
-    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block (shared by every tensor of the launch)
-    COLS: tl.constexpr,  # BLOCK_LEN rounded up to a power of two
-    ROWS: tl.constexpr,  # blocks per program, >= 2 (one block per program goes to the block kernel)
-    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
-):
-    local, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
-        table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
-    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
-
-    rows = local * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < n_blocks
-    cols = tl.arange(0, COLS)
-    offs = rows[:, None] * BLOCK_LEN + cols[None, :]
-    if COLS == BLOCK_LEN:
-        mask = row_mask[:, None]  # constant along a row, so loads stay vectorised
-    else:
-        mask = row_mask[:, None] & (cols < BLOCK_LEN)[None, :]
-
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    mean_sq = tl.sum(g * g, axis=1) * (1.0 / BLOCK_LEN)
-    vmean = tl.load(vmean_ptr + rows, mask=row_mask, other=0.0)
-    vmean = tl.fma(sq_weight, mean_sq, vmean * beta2)
-    tl.debug_barrier()  # every warp has read the old vmean before one replaces it: see _adam_mini_block_kernel
-    tl.store(vmean_ptr + rows, vmean, mask=row_mask)
-    h = tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps
-    step_size = tl.div_rn(inv_bc1, h)
-
-    if M_KIND == 2:
-        old_scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)[:, None]
-    else:
-        old_scale = 1.0
-    m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    p = p * decay
-    diff = g - m
-    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
-    update = (m * step_size[:, None]) * lr
-    p = p - update
-    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
-    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 1, EMULATE_E4M3)
-    if M_KIND == 2:
-        tl.debug_barrier()  # every warp has read the old scale before one replaces it
-        tl.store(scale_ptr + rows, scale, mask=row_mask)
-
-    pid = tl.program_id(0)
-    tl.store(telemetry_ptr + pid, tl.max(tl.max(tl.where(mask, tl.abs(update), 0.0), axis=1), axis=0))
-    tl.store(telemetry_ptr + n_programs + pid, tl.max(tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1), axis=0))
-
-
-@triton.jit
-def _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay, lerp_weight,
-                 DTYPE: tl.constexpr, M_KIND: tl.constexpr, EMULATE_E4M3: tl.constexpr):
-    """The update of one chunk of one block, g already loaded; returns |update| and |m|."""
-    if M_KIND == 2:
-        old_scale = tl.load(scale_slot)
-    else:
-        old_scale = 1.0
-    m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
-    p = _load_f32(p_ptr + offs, mask)
-    p = p * decay
-    diff = g - m
-    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
-    update = (m * step_size) * lr
-    p = p - update
-    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
-    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0, EMULATE_E4M3)
-    if M_KIND == 2:
-        tl.debug_barrier()  # every warp has read the old scale before one replaces it
-        tl.store(scale_slot, scale)
-    abs_update = tl.abs(update)
-    abs_m = tl.abs(m)
-    if mask is not None:  # no early return in a compile-time if: see _load_f32
-        abs_update = tl.where(mask, abs_update, 0.0)
-        abs_m = tl.where(mask, abs_m, 0.0)
-    return abs_update, abs_m
-
-
-@triton.jit
-def _adam_mini_block_kernel(
-    table_ptr, telemetry_ptr,  # as in _adam_mini_rows_kernel
-    n_tensors, n_programs,
-    lr, decay, lerp_weight, beta2, sq_weight, eps,
-    log_beta1_bits, log_beta2_bits,
-    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
-    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block, > CHUNK / 2
-    CHUNK: tl.constexpr,  # elements per loop iteration; also the fp8 scale block of a longer block
-    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
-):
-    """One program per block. A block of at most CHUNK elements is one pass (g stays in
-    registers); a longer one takes two (mean of g^2, then the update, reading g again).
-
-    The barrier before each vmean store: every warp loads the block's vmean itself, and a scalar
-    store is made by one thread. Without a barrier a fast warp could store the new vmean before a
-    slow warp had loaded the old one; the slow warp then applied beta2 twice and its share of the
-    row (1 / num_warps of it) got a smaller update. Seen on an H200 at L = 4096 (one warp of one
-    row in ~24k programs, a different row each run). The same holds for the fp8 scale slots."""
-    block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
-        table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
-    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
-    n_chunks: tl.constexpr = (BLOCK_LEN + CHUNK - 1) // CHUNK
-    base = block * BLOCK_LEN
-    lanes = tl.arange(0, CHUNK)
-    pid = tl.program_id(0)
-
-    if n_chunks == 1:
-        offs = base + lanes
-        if BLOCK_LEN == CHUNK:
-            mask = None
-        else:
-            mask = lanes < BLOCK_LEN
-        g = _load_f32(g_ptr + offs, mask)
-        mean_sq = tl.sum(g * g, axis=0) * (1.0 / BLOCK_LEN)
-        vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
-        tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
-        tl.store(vmean_ptr + block, vmean)
-        step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
-        abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_ptr + block, offs, mask, step_size, lr, decay,
-                                         lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
-        tl.store(telemetry_ptr + pid, tl.max(abs_update, axis=0))
-        tl.store(telemetry_ptr + n_programs + pid, tl.max(abs_m, axis=0))
-    else:
-        # Pass 1: mean of g^2 over the block.
-        acc = tl.zeros([CHUNK], dtype=tl.float32)
-        for c in range(0, BLOCK_LEN, CHUNK):
-            if BLOCK_LEN % CHUNK == 0:
-                g = tl.load(g_ptr + base + c + lanes).to(tl.float32)
-            else:
-                g = tl.load(g_ptr + base + c + lanes, mask=(c + lanes) < BLOCK_LEN, other=0.0).to(tl.float32)
-            acc += g * g
-        mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
-        vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
-        tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
-        tl.store(vmean_ptr + block, vmean)
-        step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
-
-        # Pass 2: the update, chunk by chunk.
-        max_update = tl.zeros([CHUNK], dtype=tl.float32)
-        max_m = tl.zeros([CHUNK], dtype=tl.float32)
-        for c in range(0, BLOCK_LEN, CHUNK):
-            offs = base + c + lanes
-            scale_slot = scale_ptr + block * n_chunks + c // CHUNK
-            if BLOCK_LEN % CHUNK == 0:
-                g = tl.load(g_ptr + offs).to(tl.float32)
-                abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, None, step_size, lr, decay,
-                                                 lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
-            else:
-                mask = (c + lanes) < BLOCK_LEN
-                g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay,
-                                                 lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
-            max_update = tl.maximum(max_update, abs_update)
-            max_m = tl.maximum(max_m, abs_m)
-        tl.store(telemetry_ptr + pid, tl.max(max_update, axis=0))
-        tl.store(telemetry_ptr + n_programs + pid, tl.max(max_m, axis=0))
-
-
-# ---------------------------------------------------------------------------------------------
-# References (pure PyTorch)
-# ---------------------------------------------------------------------------------------------
-def round_to_e4m3_ref(x: torch.Tensor) -> torch.Tensor:
-    """What the kernels store for fp8: x rounded to float8_e4m3fn (nearest, ties to even),
-    clamped to +-448 (torch's cast, used as the reference for _round_to_e4m3)."""
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-
-
-def adam_mini_block_ref(p, g, m, vmean, step, *, block_len, lr, beta1, beta2, eps, weight_decay,
-                        state_dtype="fp32", scale_block=None):
-    """One Adam-mini step of one parameter in fp32 PyTorch, with the kernels' state rounding.
-    p, g: flat fp32; m: flat fp32 (dequantised); vmean: [n_blocks]; step: the new step (int).
-    Returns (p, m_stored, vmean, m_new_unrounded)."""
-    gb = g.view(-1, block_len)
-    vmean = vmean * beta2 + (1 - beta2) * (gb * gb).mean(dim=1)
-    h = vmean.sqrt() / math.sqrt(1 - beta2**step) + eps
-    step_size = (1 / (1 - beta1**step)) / h
-    p = p * (1 - lr * weight_decay)
-    m_new = torch.lerp(m, g, 1 - beta1)
-    p = p - (m_new.view(-1, block_len) * step_size[:, None]).view(-1) * lr
-    if state_dtype == "bf16":
-        m_stored = m_new.to(torch.bfloat16).float()
-    elif state_dtype == "fp8":
-        blocks = m_new.view(-1, scale_block)
-        amax = blocks.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-        m_stored = (round_to_e4m3_ref(blocks * (1.0 / scale)).float() * scale).view(-1)
-    else:
-        m_stored = m_new
-    return p, m_stored, vmean, m_new
-
-
-# ---------------------------------------------------------------------------------------------
-# Optimizer
-# ---------------------------------------------------------------------------------------------
-def _scale_blocks(seg: Segment, tile: int) -> int:
-    """fp8 scale slots of a runs segment: one per block, or one per tile of a longer block."""
-    return seg.n_blocks * (triton.cdiv(seg.block_len, tile) if seg.block_len > tile else 1)
-
-
-def _state_shapes(part: Partition, p: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of m and of vmean (``v`` for Adam) as the official code keeps them, for a parameter
-    of one segment; a parameter of several segments keeps m in its own shape and one flat vmean."""
-    if len(part.segments) > 1 or part.strided:
-        return tuple(p.shape), (part.n_blocks,)
-    seg = part.segments[0]
-    if seg.kind == "adam":
-        return tuple(p.shape), tuple(p.shape)
-    if seg.kind == "tensor":
-        return tuple(p.shape), ()
-    m_shape = (seg.n_blocks, seg.block_len) if seg.kind == "head" else tuple(p.shape)
-    return m_shape, (seg.n_blocks, 1)
-
-
-class AdamMiniReference(torch.optim.Optimizer):
-    """Pure-PyTorch Adam-mini over the same partition as ``AdamMini`` (same constructor keywords;
-    fp32 state): each segment's blocks are gathered into a (n_blocks, block_len) matrix and
-    stepped by ``adam_mini_block_ref``. The reference for presets the official package cannot
-    express."""
-
-    def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
-                 dim=2048, n_heads=32, n_kv_heads=None, rules=None, preset=None, fallback="official", **_ignored):
-        presets = (preset,) if isinstance(preset, str) else tuple(preset or ())
-        rules = tuple(rules or ()) + tuple(r for name in presets for r in PRESETS[name])
-        named = [(n, p) for n, p in named_parameters if p.requires_grad]
-        self._parts = {}
-        for n, p in named:
-            self._parts.setdefault(id(p), partition_param(n, p, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                                                          rules=rules, fallback=fallback))
-        params = list({id(p): p for _, p in named}.values())
-        groups = [{"params": [p], "weight_decay": weight_decay if _decay_of(self._parts[id(p)].name, p, rules) else 0.0}
-                  for p in params]
-        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @staticmethod
-    def _as_blocks(x: torch.Tensor, seg: Segment) -> torch.Tensor:
-        r = region(x, seg)
-        if not seg.strided:
-            return r.reshape(seg.n_blocks, seg.block_len)
-        kept = [d for d in range(r.dim()) if d not in seg.reduce]
-        return r.permute(*kept, *seg.reduce).reshape(seg.n_blocks, seg.block_len)
-
-    @staticmethod
-    def _put_blocks(x: torch.Tensor, seg: Segment, blocks: torch.Tensor) -> None:
-        r = region(x, seg)
-        if not seg.strided:
-            r.copy_(blocks.view(r.shape))
-            return
-        kept = [d for d in range(r.dim()) if d not in seg.reduce]
-        order = kept + list(seg.reduce)
-        r.permute(*order).copy_(blocks.view([r.shape[d] for d in order]))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            p = group["params"][0]
-            if p.grad is None:
-                continue
-            part = self._parts[id(p)]
-            state = self.state[p]
-            if not state:
-                m_shape, v_shape = _state_shapes(part, p)
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["m"] = torch.zeros(m_shape, dtype=torch.float32, device=p.device)
-                state["v" if part.kind == "adam" else "vmean"] = torch.zeros(v_shape, dtype=torch.float32,
-                                                                             device=p.device)
-            state["step"] += 1
-            step = int(state["step"].item())
-            vmean_flat = (state["v"] if "v" in state else state["vmean"]).view(-1)
-            m_full = state["m"].view(p.shape)
-            beta1, beta2 = group["betas"]
-            for seg in part.segments:
-                vm = vmean_flat[seg.block_offset:seg.block_offset + seg.n_blocks]
-                new_p, new_m, new_v, _ = adam_mini_block_ref(
-                    self._as_blocks(p, seg).float().reshape(-1), self._as_blocks(p.grad, seg).float().reshape(-1),
-                    self._as_blocks(m_full, seg).reshape(-1), vm, step, block_len=seg.block_len, lr=group["lr"],
-                    beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
-                self._put_blocks(p, seg, new_p.view(seg.n_blocks, seg.block_len).to(p.dtype))
-                self._put_blocks(m_full, seg, new_m.view(seg.n_blocks, seg.block_len))
-                vm.copy_(new_v)
-
-
-class _LaunchPlan:
-    """Table, telemetry buffer and launch arguments of one launch: segments of one group's
-    parameters that share a dtype, a block length and a state dtype."""
-
-    table_stride = TABLE_STRIDE
-    step_column = _STEP_COLUMN
-
-    def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict],
-                 segments: list[Segment], scale_offsets: list[int], m_kind: int, tile: int) -> None:
-        device = params[0].device
-        block_len = segments[0].block_len
-        self.key = key
-        self.block_len = block_len
-        self.cols = triton.next_power_of_2(block_len)
-        self.rows = max(1, tile // self.cols)
-        self.per_block = self.rows == 1  # one program per block: _adam_mini_block_kernel
-        self.m_kind = m_kind
-        table: list[int] = []
-        program_tensor: list[int] = []
-        vector_addresses = []
-        self.program_ranges = []
-        for i, (p, g, s, seg, scale_offset) in enumerate(zip(params, grads, states, segments, scale_offsets)):
-            m = s["m_fp8"] if m_kind == _M_FP8 else s["m"]
-            vmean = s["v"] if "v" in s else s["vmean"]
-            if m_kind == _M_FP8:
-                scale_addr = s["m_scale"].data_ptr() + 4 * scale_offset
-            else:
-                scale_addr = s["step"].data_ptr()  # any valid address when unused
-            programs = seg.n_blocks if self.per_block else triton.cdiv(seg.n_blocks, self.rows)
-            p_addr = p.data_ptr() + seg.start * p.element_size()
-            g_addr = g.data_ptr() + seg.start * g.element_size()
-            m_addr = m.data_ptr() + seg.start * m.element_size()
-            vector_addresses += [p_addr, g_addr, m_addr]
-            table += [p_addr, g_addr, m_addr, scale_addr, vmean.data_ptr() + 4 * seg.block_offset,
-                      s["step"].data_ptr(), seg.n_blocks, len(program_tensor)]
-            self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
-            program_tensor.extend([i] * programs)
-        self.params = params
-        self.n_tensors = len(params)
-        self.n_programs = len(program_tensor)
-        self.step_addresses = [s["step"].data_ptr() for s in states]
-        self.aligned = all(a % 16 == 0 for a in vector_addresses)
-        self.table = upload_int64(table + program_tensor, device)
-        self.telemetry = torch.zeros(2, self.n_programs, dtype=torch.float32, device=device)
-        self.grid = (self.n_programs,)
-        self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
-        self.scalars: tuple = ()
-
-
-class _StepTable:
-    """Every step counter of one step's launches, each once (a parameter of several segments
-    sits in several table rows but has one counter): what StepIncrementer takes for one plan."""
-
-    table_stride = 1
-    step_column = 0
-
-    def __init__(self, plans: Sequence[_LaunchPlan]) -> None:
-        addresses = list(dict.fromkeys(a for plan in plans for a in plan.step_addresses))
-        self.plans = tuple(plans)
-        self.step_addresses = addresses
-        self.n_tensors = len(addresses)
-        self.table = upload_int64(addresses, plans[0].table.device)
 
 
 class _NameSet(set):
@@ -649,6 +158,9 @@ class AdamMini(torch.optim.Optimizer):
     State per parameter: ``step`` (0-d fp32 on the device), ``vmean`` (``v`` for Adam blocks),
     and ``m`` (fp32 / bf16; the official shapes: (n_heads, head_numel) for q/k) or, for fp8,
     ``m_fp8`` plus ``m_scale`` (one fp32 per scale block).
+
+    ``launch_config`` (``kernelbench.optim.adam_mini_kernels.LaunchConfig``): how the kernels are
+    launched; tuning only for fp32 / bf16 state (the reductions' order may change the last bits).
     """
 
     def __init__(
@@ -669,7 +181,11 @@ class AdamMini(torch.optim.Optimizer):
         preset: str | Sequence[str] | None = None,
         fallback: str = "official",
         min_8bit_size: int = 4096,
+        launch_config: LaunchConfig = DEFAULT_LAUNCH,
     ) -> None:
+        if not isinstance(launch_config, LaunchConfig):
+            raise TypeError(f"{_WHO}: launch_config={launch_config!r}; accepted: a "
+                            "kernelbench.optim.adam_mini_kernels.LaunchConfig.")
         if isinstance(lr, torch.Tensor):
             raise TypeError(f"{_WHO}: lr must be a Python float, got a Tensor.")
         if not 0.0 <= lr:
@@ -720,7 +236,7 @@ class AdamMini(torch.optim.Optimizer):
         self._names = {id(p): names[0] for p in unique for names in [self._all_names[id(p)]]}
         decays = {}
         for p in unique:
-            decays[id(p)] = {_decay_of(n, p, self.rules) for n in self._all_names[id(p)]}
+            decays[id(p)] = {decay_of(n, p, self.rules) for n in self._all_names[id(p)]}
             if len(decays[id(p)]) > 1:
                 raise ValueError(f"{_WHO}: one parameter is named {' and '.join(map(repr, self._all_names[id(p)]))}, "
                                  "which get different weight decay; give the names one rule or pass it once.")
@@ -734,12 +250,12 @@ class AdamMini(torch.optim.Optimizer):
                                       weight_decay=weight_decay))
         device = unique[0].device
         self.state_dtype = _resolve_state_dtype(state_dtype, device)
-        self._plans: dict[tuple, _LaunchPlan] = {}
-        self._step_table: _StepTable | None = None
-        self._tile, self._num_warps = TILE, NUM_WARPS  # fixed for this optimizer's life (fp8 scale blocks)
-        if FORCE_TWO_PASS and self.state_dtype == "fp8":
-            raise ValueError(f"{_WHO}: FORCE_TWO_PASS is for fp32 / bf16 state only (fp8 scale blocks are TILE long).")
-        self._force_two_pass = FORCE_TWO_PASS
+        if self.state_dtype == "fp8" and launch_config.tile != FP8_SCALE_BLOCK:
+            raise ValueError(f"{_WHO}: launch_config.tile={launch_config.tile} with state_dtype='fp8'; fp8 scale "
+                             f"blocks are tiles, so fp8 state accepts only tile={FP8_SCALE_BLOCK}.")
+        self.launch_config = launch_config  # fixed for this optimizer's life: fp8 state is laid out by its tile
+        self._plans: dict[tuple, LaunchPlan] = {}
+        self._step_table: StepTable | None = None
         self._increment_steps = StepIncrementer()
         self._parts: dict[int, Partition] | None = None
 
@@ -820,8 +336,8 @@ class AdamMini(torch.optim.Optimizer):
         missing = [a for a, c in counts.items() if c == 0]
         if missing:
             _LOG.warning("%s: no parameter name matched %s; if this is a Transformer, add the names of those layers "
-                         "before the first step, e.g. optimizer.%s.add('<part of their name>').", _WHO, ", ".join(missing),
-                         missing[0])
+                         "before the first step, e.g. optimizer.%s.add('<part of their name>').", _WHO,
+                         ", ".join(missing), missing[0])
         ranks = {id(p): p.dim() for group in self.param_groups for p in group["params"]}
         unmatched = [part.name for p_id, part in parts.items()
                      if part.reason.startswith("unrecognised name") and part.kind == "tensor" and ranks[p_id] == 2]
@@ -900,12 +416,12 @@ class AdamMini(torch.optim.Optimizer):
             return state
         device = p.device
         state["step"] = torch.zeros((), dtype=torch.float32, device=device)
-        m_shape, v_shape = _state_shapes(part, p)
+        m_shape, v_shape = state_shapes(part, p)
         m_dtype = self._m_dtype_name(part, p)
         if m_dtype == "fp8":
-            scale_blocks = sum(_scale_blocks(seg, self._tile) for seg in part.segments)
+            n_scales = sum(scale_blocks(seg, self.launch_config.tile) for seg in part.segments)
             state["m_fp8"] = torch.zeros(m_shape, dtype=torch.float8_e4m3fn, device=device)
-            state["m_scale"] = torch.ones(scale_blocks, dtype=torch.float32, device=device)
+            state["m_scale"] = torch.ones(n_scales, dtype=torch.float32, device=device)
         else:
             state["m"] = torch.zeros(m_shape, dtype=torch.float32 if m_dtype == "fp32" else torch.bfloat16,
                                      device=device)
@@ -945,22 +461,22 @@ class AdamMini(torch.optim.Optimizer):
             table = self._step_table
             if table is None or len(table.plans) != len(plans) or any(a is not b for a, b in zip(table.plans, plans)):
                 refuse_rebuild_while_capturing(_WHO)
-                table = self._step_table = _StepTable(plans)
+                table = self._step_table = StepTable(plans)
             self._increment_steps([table])
         for plan, group, dtype in launches:
-            self._launch(plan, group, dtype)
+            launch(plan, group, dtype)
         for p, group in by_torch:
             self._torch_step(p, group)
         return loss
 
     def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str, params: list[torch.Tensor],
-              segments: list[int]) -> _LaunchPlan:
+              segments: list[int]) -> LaunchPlan:
         grads = [p.grad for p in params]
         try:
             key = tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
         except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
             for p, g in zip(params, grads):
-                check_param_and_grad(self._label(p), p, g, p.device, _SUPPORTED_DTYPES, _WHO)
+                check_param_and_grad(self._label(p), p, g, p.device, SUPPORTED_DTYPES, _WHO)
             raise
         plan_key = (index, dtype, block_len, m_dtype)
         plan = self._plans.get(plan_key)
@@ -968,34 +484,12 @@ class AdamMini(torch.optim.Optimizer):
             plan = self._plans[plan_key] = self._build_plan(key, list(zip(params, segments)), grads, m_dtype)
         return plan
 
-    def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype) -> None:
-        # Hyperparameters are read every step (LR schedulers), converted only when they change.
-        scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
-        if plan.scalars_key != scalars_key:
-            lr = float(group["lr"])
-            beta1, beta2 = group["betas"]
-            plan.scalars = (plan.table, plan.telemetry, plan.n_tensors, plan.n_programs,
-                            lr, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
-                            f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
-            plan.constexprs = dict(
-                DTYPE=_TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[plan.m_kind], M_KIND=plan.m_kind,
-                BLOCK_LEN=plan.block_len, ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(plan.table.device),
-                EMULATE_E4M3=interpreting(), num_warps=self._num_warps, enable_fp_fusion=False)
-            if plan.per_block:
-                one_pass = plan.block_len <= self._tile
-                plan.constexprs["CHUNK"] = self._tile // 2 if (one_pass and self._force_two_pass) else self._tile
-            else:
-                plan.constexprs.update(COLS=plan.cols, ROWS=plan.rows)
-            plan.scalars_key = scalars_key
-        kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
-        kernel[plan.grid](*plan.scalars, **plan.constexprs)
-
     def _torch_step(self, p: torch.Tensor, group: dict) -> None:
         """Parameters with strided blocks (Conv1D columns): the same math in PyTorch ops, per
         segment, m in fp32 or bf16."""
         part = self._parts[id(p)]
         g = p.grad
-        check_param_and_grad(self._label(p), p, g, p.device, _SUPPORTED_DTYPES, _WHO)
+        check_param_and_grad(self._label(p), p, g, p.device, SUPPORTED_DTYPES, _WHO)
         state = self._init_state(p, part)
         state["step"].add_(1)
         beta1, beta2 = group["betas"]
@@ -1022,7 +516,7 @@ class AdamMini(torch.optim.Optimizer):
         return f"parameter '{self._names[id(p)]}' ({'x'.join(map(str, p.shape)) or 'scalar'})"
 
     def _build_plan(self, key: tuple, members: list[tuple[torch.Tensor, int]], grads: list[torch.Tensor],
-                    m_dtype: str) -> _LaunchPlan:
+                    m_dtype: str) -> LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)
         params = [p for p, _ in members]
         device = params[0].device
@@ -1030,30 +524,15 @@ class AdamMini(torch.optim.Optimizer):
         states, segments, scale_offsets = [], [], []
         for (p, index), g in zip(members, grads):
             label = self._label(p)
-            check_param_and_grad(label, p, g, device, _SUPPORTED_DTYPES, _WHO)
+            check_param_and_grad(label, p, g, device, SUPPORTED_DTYPES, _WHO)
             if not p.is_contiguous() or not g.is_contiguous():
                 raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
                                    "of the flattened tensor, so both must be contiguous (call .contiguous()).")
             part = self._parts[id(p)]
             states.append(self._init_state(p, part))
             segments.append(part.segments[index])
-            scale_offsets.append(sum(_scale_blocks(s, self._tile) for s in part.segments[:index]))
-        m_kind = {"fp32": _M_FP32, "bf16": _M_BF16, "fp8": _M_FP8}[m_dtype]
-        return _LaunchPlan(key, params, grads, states, segments, scale_offsets, m_kind, self._tile)
-
-
-_M_TL_DTYPE = {_M_FP32: tl.float32, _M_BF16: tl.bfloat16, _M_FP8: tl.float8e4nv}
-
-
-def _decay_of(name: str, param: torch.Tensor, rules: Sequence[Rule]) -> bool:
-    """Weight decay by name (none on norm / ln / bias), unless the first matching rule forces it."""
-    lname = name.lower()
-    for rule in rules:
-        if rule.contains.lower() in lname and (rule.kind not in _WEIGHT_ONLY or param.dim() == 2):
-            if rule.weight_decay is not None:
-                return rule.weight_decay
-            break
-    return not ("norm" in lname or "ln" in lname or "bias" in lname)
+            scale_offsets.append(sum(scale_blocks(s, self.launch_config.tile) for s in part.segments[:index]))
+        return LaunchPlan(key, params, grads, states, segments, scale_offsets, M_KINDS[m_dtype], self.launch_config)
 
 
 def _resolve_state_dtype(state_dtype: str, device: torch.device) -> str:

@@ -168,7 +168,8 @@ def _segments(kind: str, name: str, param: torch.Tensor, geo: Geometry) -> tuple
         if param.dim() < 2:
             # the official code fails on a 1-D parameter matched by a row set
             return [_runs("tensor", 0, 1, numel, 0)], f"; {param.dim()}-D, so one block per tensor"
-        note = "" if param.dim() == 2 else f"; {param.dim()}-D (the official code fails here): one block per index of dim 0"
+        note = ("" if param.dim() == 2
+                else f"; {param.dim()}-D (the official code fails here): one block per index of dim 0")
         return [_runs("row", 0, shape[0], numel // shape[0], 0)], note
     rows, cols = shape
     hd = geo.head_dim(label)
@@ -281,3 +282,28 @@ def region(x: torch.Tensor, seg: Segment) -> torch.Tensor:
 
 def block_dims(seg: Segment) -> tuple[int, ...]:
     return seg.reduce if seg.strided else (1,)
+
+
+def decay_of(name: str, param: torch.Tensor, rules: Sequence[Rule]) -> bool:
+    """Weight decay by name (none on norm / ln / bias), unless the first matching rule forces it."""
+    lname = name.lower()
+    for rule in rules:
+        if rule.contains.lower() in lname and (rule.kind not in _WEIGHT_KINDS or param.dim() == 2):
+            if rule.weight_decay is not None:
+                return rule.weight_decay
+            break
+    return not ("norm" in lname or "ln" in lname or "bias" in lname)
+
+
+def state_shapes(part: Partition, p: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of m and of vmean (``v`` for Adam) as the official code keeps them, for a parameter
+    of one segment; a parameter of several segments keeps m in its own shape and one flat vmean."""
+    if len(part.segments) > 1 or part.strided:
+        return tuple(p.shape), (part.n_blocks,)
+    seg = part.segments[0]
+    if seg.kind == "adam":
+        return tuple(p.shape), tuple(p.shape)
+    if seg.kind == "tensor":
+        return tuple(p.shape), ()
+    m_shape = (seg.n_blocks, seg.block_len) if seg.kind == "head" else tuple(p.shape)
+    return m_shape, (seg.n_blocks, 1)

@@ -11,8 +11,8 @@ g = (1/W) * sum_r g_r, at step t:
 Layout. The parameters of each param group are packed, in order, into flat fp32 *buckets* of at
 most ``bucket_bytes`` (a larger parameter gets a bucket of its own). Every parameter becomes a view
 into its bucket (``p.data`` and ``p.grad`` are re-pointed once, at construction), so a step copies
-nothing in or out: copying 370M fp32 params out of a flat buffer and back would move 2.9 GB per
-step, about 0.7 ms on an H200, a tenth of the step. Each parameter starts on a 64-element
+nothing in or out (copying 370M fp32 params out of a flat buffer and back would move 2.9 GB per
+step, a visible share of it). Each parameter starts on a 64-element
 (256-byte) boundary and each bucket is padded to a multiple of ``64 * world`` elements, so the W
 shards of a bucket are equal and aligned; the padding holds zeros and stays zero. Rank r owns
 shard r of every bucket and holds the moments of that shard only.
@@ -37,8 +37,9 @@ gradient (as in DDP's buckets; torch.optim.AdamW would skip it).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -76,14 +77,11 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-# Measured on 2 H200s over NVLink (NCCL 2.28, model-370m, results/2026-11-2*-2xh200-dist-adamw*).
-# One communicator: a step took 17.8 ms with 16 MiB buckets, 8.16 ms with 64 MiB, 6.65 ms with
-# 256 MiB and 6.30 ms with 1 GiB: every collective adds a fixed cost and, in one communicator's
-# queue, bucket b's all-gather still waits for all the reduce-scatters, so overlap buys little.
-# With the all-gathers on a second communicator: 6.08 ms with 1 GiB, 5.96 with 512 MiB, 5.63 with
-# 256 MiB. Two collectives at once move more over NVLink than one (scripts/probe_nccl.py: a
-# reduce-scatter and an all-gather of 0.74 GB each took 2.23 ms together, 2.72 ms one after the
-# other), and smaller buckets keep both running for more of the step.
+# One communicator: few large buckets, since every collective has a fixed cost and bucket b's
+# all-gather waits in the queue behind every reduce-scatter anyway. All-gathers on a second
+# communicator: smaller buckets, since two collectives at once move more over NVLink than one and
+# smaller buckets keep both running for more of the step. The bucket sweep behind both defaults
+# (2 H200s, model-370m): results/2026-11-22-2xh200-dist-adamw/bench.
 DEFAULT_BUCKET_BYTES = 2**30
 DEFAULT_BUCKET_BYTES_WITH_GATHER_GROUP = 256 * 2**20
 
@@ -331,7 +329,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         return buckets
 
     @torch.no_grad()
-    def _make_bucket(self, index: int, group_index: int, group: dict[str, Any], members: list[tuple[int, torch.Tensor]]) -> _Bucket:
+    def _make_bucket(self, index: int, group_index: int, group: dict[str, Any],
+                     members: list[tuple[int, torch.Tensor]]) -> _Bucket:
         offsets, total = [], 0
         for _, p in members:
             offsets.append(total)
@@ -585,7 +584,8 @@ class ShardedAdamW(torch.optim.Optimizer):
                     f"{len(group['params'])} here"
                 )
             if saved.get("amsgrad", False):
-                raise ValueError("ShardedAdamW: the state dict uses amsgrad=True, which ShardedAdamW does not implement")
+                raise ValueError("ShardedAdamW: the state dict uses amsgrad=True, which ShardedAdamW does not "
+                                 "implement")
         if state_dict.get("format") == PER_RANK_FORMAT:
             self._load_per_rank(state_dict)
         else:

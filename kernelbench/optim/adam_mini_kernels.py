@@ -1,0 +1,455 @@
+"""AdamMini's Triton kernels and the host side that plans and launches them.
+
+The optimizer (partition, param groups, state, checkpoints) is ``kernelbench.optim.adam_mini``;
+the pure-PyTorch reference is ``kernelbench.optim.adam_mini_ref``.
+
+Every block of a runs segment is a contiguous run of the flattened parameter, so a launch takes
+all segments of a group that share a parameter dtype, a block length L (a compile-time constant,
+so loads vectorise) and a state dtype:
+
+* L <= tile / 2 (rows of 1024, norms, biases): ``_adam_mini_rows_kernel``, one pass. A program
+  holds ROWS >= 2 whole blocks (ROWS * next_pow2(L) <= tile elements) in registers: it reads g,
+  reduces mean(g^2) per block, updates vmean, then reads p and m and writes them. 20 bytes per
+  parameter in fp32 (read p, g, m; write p, m).
+* L > tile / 2: ``_adam_mini_block_kernel``, one program per block. L <= tile (MLP
+  down-projection rows) is one pass as above; longer blocks (attention heads) take two passes in
+  tile-element chunks (the first reads g for the mean, the second updates), so g is read twice:
+  24 bytes per parameter.
+* Step counters: one tiny launch per step() increments every counter first; the update kernels
+  only read them. No program writes anything another program reads.
+
+State dtypes. ``fp32``: m in fp32. ``bf16``: m in bf16 (round to nearest). ``fp8``: m in
+float8_e4m3fn with one fp32 scale per *scale block* = the Adam-mini block when it fits one
+program (a row, a norm), or each FP8_SCALE_BLOCK-element chunk of a longer block (a head); the
+scale is amax(|m|) / 448 of that scale block at the step it is written, so the largest element
+maps to e4m3's largest finite value; m is stored as e4m3(m * (1 / scale)) (one division per scale
+block, not per element). On the GPU the cast itself rounds to nearest even and saturates
+(cvt.rn.satfinite); in the Triton interpreter, whose fp32->fp8 cast mis-rounds across binade
+boundaries, the rounding is done first in fp32 arithmetic (``_round_to_e4m3``), so both give the
+same bits as torch's cast. vmean is always fp32. The update of a step uses the unrounded new m;
+only the stored m is rounded.
+
+Telemetry. Each program writes max|update| and max|m| of its elements to a small device buffer
+every step (no host sync); ``AdamMini.telemetry()`` reduces them per parameter on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_utils import (
+    TABLE_STRIDE,
+    TABLE_STRIDE_C,
+    TL_DTYPE,
+    _aligned,
+    f64_bits,
+    interpreting,
+    log_or_neg_inf,
+    upload_int64,
+)
+from .adam_mini_partition import Segment
+from .adam_mini_ref import E4M3_MAX
+from .adamw import bias_corrections, reciprocal_in_fp64
+
+# State format: elements per fp8 scale block of a block longer than one program's tile (a
+# checkpoint's m_scale is laid out by it), so fp8 state needs tile == FP8_SCALE_BLOCK.
+FP8_SCALE_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How the update kernels are launched: tuning only, except that fp8 state needs
+    ``tile == FP8_SCALE_BLOCK`` (its scale blocks are tiles).
+
+    tile: elements one program holds in registers: rows of up to tile / 2 elements share a
+        program (``_adam_mini_rows_kernel``), longer blocks get one program each and loop over
+        tile-element chunks (``_adam_mini_block_kernel``).
+    num_warps: warps per program. 4096 / 8 is 16 elements per thread (four 16-byte fp32 vectors
+        per stream); these kernels compile to 40-130 registers there (254 for the L = 1 Adam
+        blocks), so several programs share an SM, unlike TritonAdamW's one-program-per-SM kernel.
+    """
+
+    tile: int = 4096
+    num_warps: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tile, int) or self.tile < 16 or self.tile & (self.tile - 1):
+            raise ValueError(f"AdamMini LaunchConfig: tile={self.tile!r}; accepted: a power of two >= 16.")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"AdamMini LaunchConfig: num_warps={self.num_warps!r}; accepted: 1, 2, 4, 8, 16, 32.")
+
+
+DEFAULT_LAUNCH = LaunchConfig()
+
+# How m is stored (a kernel's M_KIND).
+M_FP32, M_BF16, M_FP8 = 0, 1, 2
+M_KINDS = {"fp32": M_FP32, "bf16": M_BF16, "fp8": M_FP8}
+_M_TL_DTYPE = {M_FP32: tl.float32, M_BF16: tl.bfloat16, M_FP8: tl.float8e4nv}
+# Globals read inside @triton.jit functions must be tl.constexpr objects (compiled Triton refuses others).
+_M_FP8_C = tl.constexpr(M_FP8)
+E4M3_MAX_C = tl.constexpr(E4M3_MAX)
+# Columns of a launch-table row (one per tensor, TABLE_STRIDE int64 = one 64-byte line).
+_P, _G, _M, _SCALE, _VMEAN, _STEP, _NBLOCKS, _FIRST = (tl.constexpr(i) for i in range(TABLE_STRIDE))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64: tl.constexpr):
+    """From this step's t (already incremented on the device): 1/(1-beta1^t) and
+    1/sqrt(1-beta2^t) as fp32, computed in fp64 as the official code does on the host."""
+    t = tl.load(step_ptr).to(tl.float64)
+    bias_correction1, inv_bc2_sqrt = bias_corrections(t, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    return (1.0 / bias_correction1).to(tl.float32), inv_bc2_sqrt
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """Round fp32 to the nearest float8_e4m3fn value (ties to even), kept in fp32, clamped to
+    +-448. Exponent from the bits; the quotient by the grid spacing has magnitude < 16, so adding
+    and subtracting 1.5 * 2^23 rounds it to an integer in round-to-nearest-even arithmetic.
+    Used in the interpreter only, whose own fp32->fp8 cast mis-rounds across binade boundaries;
+    the GPU's cast (cvt.rn.satfinite) rounds the same way in one instruction per two values."""
+    bits = x.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the spacing of the lowest binade
+    spacing = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_spacing = ((127 - (exponent - 3)) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23
+    rounded = ((x * inv_spacing + magic) - magic) * spacing  # both scalings are exact powers of two
+    # keep the sign of values that round to zero (-0.0), as a cast would
+    rounded = (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+    rounded = tl.maximum(rounded, -E4M3_MAX_C, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(rounded, E4M3_MAX_C, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _load_f32(ptr, mask):
+    """Load as fp32; ``mask`` None (a full block) keeps the access unpredicated.
+    if / else rather than an early return: the compiler (unlike the interpreter) still generates
+    the statements after a return inside a compile-time ``if``, and ``other`` without a mask is
+    an error there."""
+    if mask is None:
+        x = tl.load(ptr)
+    else:
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _load_m(m_ptr, scale, mask, M_KIND: tl.constexpr):
+    m = _load_f32(m_ptr, mask)
+    if M_KIND == _M_FP8_C:
+        m = m * scale
+    return m
+
+
+@triton.jit
+def _store_m(m_ptr, m, mask, M_KIND: tl.constexpr, REDUCE_AXIS: tl.constexpr, EMULATE_E4M3: tl.constexpr):
+    """Stores m in its state dtype; for fp8 returns the scale(s) used (amax / 448 along
+    REDUCE_AXIS), else 1.0. fp8: q = m * (1 / scale), one division per scale block."""
+    if M_KIND == _M_FP8_C:
+        if mask is None:
+            amax = tl.max(tl.abs(m), axis=REDUCE_AXIS)
+        else:
+            amax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=REDUCE_AXIS)
+        scale = tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0)
+        inv_scale = tl.div_rn(1.0, scale)
+        if REDUCE_AXIS == 1:
+            q = m * inv_scale[:, None]
+        else:
+            q = m * inv_scale
+        if EMULATE_E4M3:
+            q = _round_to_e4m3(q)
+        tl.store(m_ptr, q.to(tl.float8e4nv), mask=mask)
+    else:
+        scale = 1.0
+        tl.store(m_ptr, m.to(m_ptr.dtype.element_ty), mask=mask)
+    return scale
+
+
+@triton.jit
+def _tensor_entry(table_ptr, n_tensors, ALIGNED: tl.constexpr, DTYPE: tl.constexpr, M_DTYPE: tl.constexpr):
+    """This program's index within its tensor and the tensor's pointers, from the launch table
+    (one 64-byte row per tensor: param, grad, m, m scale, vmean, step, n_blocks, first program)."""
+    pid = tl.program_id(0)
+    tensor = tl.load(table_ptr + TABLE_STRIDE_C * n_tensors + pid)
+    row = table_ptr + tensor * TABLE_STRIDE_C
+    p_ptr = _aligned(tl.load(row + _P), tl.pointer_type(DTYPE), ALIGNED)
+    g_ptr = _aligned(tl.load(row + _G), tl.pointer_type(DTYPE), ALIGNED)
+    m_ptr = _aligned(tl.load(row + _M), tl.pointer_type(M_DTYPE), ALIGNED)
+    scale_ptr = tl.load(row + _SCALE).to(tl.pointer_type(tl.float32))
+    vmean_ptr = tl.load(row + _VMEAN).to(tl.pointer_type(tl.float32))
+    step_ptr = tl.load(row + _STEP).to(tl.pointer_type(tl.float32))
+    n_blocks = tl.load(row + _NBLOCKS)
+    first_program = tl.load(row + _FIRST)
+    return pid - first_program, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks
+
+
+@triton.jit
+def _adam_mini_rows_kernel(
+    table_ptr,  # int64 [TABLE_STRIDE per tensor | n_programs tensor ids]
+    telemetry_ptr,  # fp32 [2, n_programs]: max|update|, max|m| of each program
+    n_tensors, n_programs,
+    lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, rounded on the host as torch would
+    log_beta1_bits, log_beta2_bits,  # int64: fp64 bit patterns
+    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
+    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block (shared by every tensor of the launch)
+    COLS: tl.constexpr,  # BLOCK_LEN rounded up to a power of two
+    ROWS: tl.constexpr,  # blocks per program, >= 2 (one block per program goes to the block kernel)
+    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
+):
+    local, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
+        table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
+    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+
+    rows = local * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_blocks
+    cols = tl.arange(0, COLS)
+    offs = rows[:, None] * BLOCK_LEN + cols[None, :]
+    if COLS == BLOCK_LEN:
+        mask = row_mask[:, None]  # constant along a row, so loads stay vectorised
+    else:
+        mask = row_mask[:, None] & (cols < BLOCK_LEN)[None, :]
+
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean_sq = tl.sum(g * g, axis=1) * (1.0 / BLOCK_LEN)
+    vmean = tl.load(vmean_ptr + rows, mask=row_mask, other=0.0)
+    vmean = tl.fma(sq_weight, mean_sq, vmean * beta2)
+    tl.debug_barrier()  # every warp has read the old vmean before one replaces it: see _adam_mini_block_kernel
+    tl.store(vmean_ptr + rows, vmean, mask=row_mask)
+    h = tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps
+    step_size = tl.div_rn(inv_bc1, h)
+
+    if M_KIND == _M_FP8_C:
+        old_scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)[:, None]
+    else:
+        old_scale = 1.0
+    m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    p = p * decay
+    diff = g - m
+    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+    update = (m * step_size[:, None]) * lr
+    p = p - update
+    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
+    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 1, EMULATE_E4M3)
+    if M_KIND == _M_FP8_C:
+        tl.debug_barrier()  # every warp has read the old scale before one replaces it
+        tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+    pid = tl.program_id(0)
+    tl.store(telemetry_ptr + pid, tl.max(tl.max(tl.where(mask, tl.abs(update), 0.0), axis=1), axis=0))
+    tl.store(telemetry_ptr + n_programs + pid, tl.max(tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1), axis=0))
+
+
+@triton.jit
+def _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay, lerp_weight,
+                 DTYPE: tl.constexpr, M_KIND: tl.constexpr, EMULATE_E4M3: tl.constexpr):
+    """The update of one chunk of one block, g already loaded; returns |update| and |m|."""
+    if M_KIND == _M_FP8_C:
+        old_scale = tl.load(scale_slot)
+    else:
+        old_scale = 1.0
+    m = _load_m(m_ptr + offs, old_scale, mask, M_KIND)
+    p = _load_f32(p_ptr + offs, mask)
+    p = p * decay
+    diff = g - m
+    m = tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+    update = (m * step_size) * lr
+    p = p - update
+    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
+    scale = _store_m(m_ptr + offs, m, mask, M_KIND, 0, EMULATE_E4M3)
+    if M_KIND == _M_FP8_C:
+        tl.debug_barrier()  # every warp has read the old scale before one replaces it
+        tl.store(scale_slot, scale)
+    abs_update = tl.abs(update)
+    abs_m = tl.abs(m)
+    if mask is not None:  # no early return in a compile-time if: see _load_f32
+        abs_update = tl.where(mask, abs_update, 0.0)
+        abs_m = tl.where(mask, abs_m, 0.0)
+    return abs_update, abs_m
+
+
+@triton.jit
+def _adam_mini_block_kernel(
+    table_ptr, telemetry_ptr,  # as in _adam_mini_rows_kernel
+    n_tensors, n_programs,
+    lr, decay, lerp_weight, beta2, sq_weight, eps,
+    log_beta1_bits, log_beta2_bits,
+    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
+    BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block, > CHUNK / 2
+    CHUNK: tl.constexpr,  # elements per loop iteration; also the fp8 scale block of a longer block
+    ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
+):
+    """One program per block. A block of at most CHUNK elements is one pass (g stays in
+    registers); a longer one takes two (mean of g^2, then the update, reading g again).
+
+    The barrier before each vmean store: every warp loads the block's vmean itself, and a scalar
+    store is made by one thread. Without a barrier a fast warp could store the new vmean before a
+    slow warp had loaded the old one; the slow warp would then apply beta2 twice and its share of
+    the row (1 / num_warps of it) get a smaller update: rare (a few rows in a large launch, a
+    different one each run) but real on the GPU at L = 4096, which
+    tests/gpu/test_optim_adam_gpu.py::test_adam_mini_one_pass_rows_match_two_pass_on_gpu checks.
+    The same holds for the fp8 scale slots."""
+    block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
+        table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
+    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    n_chunks: tl.constexpr = (BLOCK_LEN + CHUNK - 1) // CHUNK
+    base = block * BLOCK_LEN
+    lanes = tl.arange(0, CHUNK)
+    pid = tl.program_id(0)
+
+    if n_chunks == 1:
+        offs = base + lanes
+        if BLOCK_LEN == CHUNK:
+            mask = None
+        else:
+            mask = lanes < BLOCK_LEN
+        g = _load_f32(g_ptr + offs, mask)
+        mean_sq = tl.sum(g * g, axis=0) * (1.0 / BLOCK_LEN)
+        vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+        tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
+        tl.store(vmean_ptr + block, vmean)
+        step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
+        abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_ptr + block, offs, mask, step_size, lr, decay,
+                                         lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
+        tl.store(telemetry_ptr + pid, tl.max(abs_update, axis=0))
+        tl.store(telemetry_ptr + n_programs + pid, tl.max(abs_m, axis=0))
+    else:
+        # Pass 1: mean of g^2 over the block.
+        acc = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in range(0, BLOCK_LEN, CHUNK):
+            if BLOCK_LEN % CHUNK == 0:
+                g = tl.load(g_ptr + base + c + lanes).to(tl.float32)
+            else:
+                g = tl.load(g_ptr + base + c + lanes, mask=(c + lanes) < BLOCK_LEN, other=0.0).to(tl.float32)
+            acc += g * g
+        mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
+        vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
+        tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
+        tl.store(vmean_ptr + block, vmean)
+        step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
+
+        # Pass 2: the update, chunk by chunk.
+        max_update = tl.zeros([CHUNK], dtype=tl.float32)
+        max_m = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in range(0, BLOCK_LEN, CHUNK):
+            offs = base + c + lanes
+            scale_slot = scale_ptr + block * n_chunks + c // CHUNK
+            if BLOCK_LEN % CHUNK == 0:
+                g = tl.load(g_ptr + offs).to(tl.float32)
+                abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, None, step_size, lr, decay,
+                                                 lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
+            else:
+                mask = (c + lanes) < BLOCK_LEN
+                g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay,
+                                                 lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
+            max_update = tl.maximum(max_update, abs_update)
+            max_m = tl.maximum(max_m, abs_m)
+        tl.store(telemetry_ptr + pid, tl.max(max_update, axis=0))
+        tl.store(telemetry_ptr + n_programs + pid, tl.max(max_m, axis=0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+def scale_blocks(seg: Segment, tile: int) -> int:
+    """fp8 scale slots of a runs segment: one per block, or one per tile of a longer block."""
+    return seg.n_blocks * (triton.cdiv(seg.block_len, tile) if seg.block_len > tile else 1)
+
+
+class LaunchPlan:
+    """Table, telemetry buffer and launch arguments of one launch: segments of one group's
+    parameters that share a dtype, a block length and a state dtype."""
+
+    table_stride = TABLE_STRIDE
+    step_column = _STEP.value
+
+    def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict],
+                 segments: list[Segment], scale_offsets: list[int], m_kind: int, config: LaunchConfig) -> None:
+        device = params[0].device
+        block_len = segments[0].block_len
+        self.key = key
+        self.block_len = block_len
+        self.cols = triton.next_power_of_2(block_len)
+        self.rows = max(1, config.tile // self.cols)
+        self.per_block = self.rows == 1  # one program per block: _adam_mini_block_kernel
+        self.m_kind = m_kind
+        self.config = config
+        table: list[int] = []
+        program_tensor: list[int] = []
+        vector_addresses = []
+        self.program_ranges = []
+        for i, (p, g, s, seg, scale_offset) in enumerate(zip(params, grads, states, segments, scale_offsets)):
+            m = s["m_fp8"] if m_kind == M_FP8 else s["m"]
+            vmean = s["v"] if "v" in s else s["vmean"]
+            if m_kind == M_FP8:
+                scale_addr = s["m_scale"].data_ptr() + 4 * scale_offset
+            else:
+                scale_addr = s["step"].data_ptr()  # any valid address when unused
+            programs = seg.n_blocks if self.per_block else triton.cdiv(seg.n_blocks, self.rows)
+            p_addr = p.data_ptr() + seg.start * p.element_size()
+            g_addr = g.data_ptr() + seg.start * g.element_size()
+            m_addr = m.data_ptr() + seg.start * m.element_size()
+            vector_addresses += [p_addr, g_addr, m_addr]
+            # columns _P, _G, _M, _SCALE, _VMEAN, _STEP, _NBLOCKS, _FIRST
+            table += [p_addr, g_addr, m_addr, scale_addr, vmean.data_ptr() + 4 * seg.block_offset,
+                      s["step"].data_ptr(), seg.n_blocks, len(program_tensor)]
+            self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
+            program_tensor.extend([i] * programs)
+        self.params = params
+        self.n_tensors = len(params)
+        self.n_programs = len(program_tensor)
+        self.step_addresses = [s["step"].data_ptr() for s in states]
+        self.aligned = all(a % 16 == 0 for a in vector_addresses)
+        self.table = upload_int64(table + program_tensor, device)
+        self.telemetry = torch.zeros(2, self.n_programs, dtype=torch.float32, device=device)
+        self.grid = (self.n_programs,)
+        self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
+        self.scalars: tuple = ()
+
+
+class StepTable:
+    """Every step counter of one step's launches, each once (a parameter of several segments
+    sits in several table rows but has one counter): what StepIncrementer takes for one plan."""
+
+    table_stride = 1
+    step_column = 0
+
+    def __init__(self, plans: Sequence[LaunchPlan]) -> None:
+        addresses = list(dict.fromkeys(a for plan in plans for a in plan.step_addresses))
+        self.plans = tuple(plans)
+        self.step_addresses = addresses
+        self.n_tensors = len(addresses)
+        self.table = upload_int64(addresses, plans[0].table.device)
+
+
+def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype) -> None:
+    """One update launch of ``plan`` with ``group``'s hyperparameters (step counters already
+    incremented). Hyperparameters are read every step (LR schedulers), converted only when they change."""
+    scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
+    if plan.scalars_key != scalars_key:
+        lr = float(group["lr"])
+        beta1, beta2 = group["betas"]
+        plan.scalars = (plan.table, plan.telemetry, plan.n_tensors, plan.n_programs,
+                        lr, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
+                        f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
+        plan.constexprs = dict(
+            DTYPE=TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[plan.m_kind], M_KIND=plan.m_kind,
+            BLOCK_LEN=plan.block_len, ALIGNED=plan.aligned, INV_BC2_FP64=reciprocal_in_fp64(plan.table.device),
+            EMULATE_E4M3=interpreting(), num_warps=plan.config.num_warps, enable_fp_fusion=False)
+        if plan.per_block:
+            plan.constexprs["CHUNK"] = plan.config.tile
+        else:
+            plan.constexprs.update(COLS=plan.cols, ROWS=plan.rows)
+        plan.scalars_key = scalars_key
+    kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
+    kernel[plan.grid](*plan.scalars, **plan.constexprs)
