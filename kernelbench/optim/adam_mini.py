@@ -473,14 +473,19 @@ class AdamMini(torch.optim.Optimizer):
               segments: list[int]) -> LaunchPlan:
         grads = [p.grad for p in params]
         try:
-            key = tuple(map(torch.Tensor.data_ptr, params)) + tuple(map(torch.Tensor.data_ptr, grads))
+            key = tuple(map(torch.Tensor.data_ptr, params))
+            grad_ptrs = tuple(map(torch.Tensor.data_ptr, grads))
         except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
             for p, g in zip(params, grads):
                 check_param_and_grad(self._label(p), p, g, p.device, SUPPORTED_DTYPES, _WHO)
             raise
+
+        def check(i: int) -> None:
+            check_param_and_grad(self._label(params[i]), params[i], grads[i], params[0].device, SUPPORTED_DTYPES, _WHO)
+
         plan_key = (index, dtype, block_len, m_dtype)
         plan = self._plans.get(plan_key)
-        if plan is None or plan.key != key:
+        if plan is None or plan.key != key or not plan.repoint_grads(grad_ptrs, check):
             plan = self._plans[plan_key] = self._build_plan(key, list(zip(params, segments)), grads, m_dtype)
         return plan
 

@@ -35,7 +35,7 @@ every step (no host sync); ``AdamMini.telemetry()`` reduces them per parameter o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,7 @@ from ._triton_utils import (
     f64_bits,
     interpreting,
     log_or_neg_inf,
+    refuse_rebuild_while_capturing,
     upload_int64,
 )
 from .adam_mini_partition import Segment
@@ -406,6 +407,8 @@ class LaunchPlan:
             self.program_ranges.append((len(program_tensor), len(program_tensor) + programs))
             program_tensor.extend([i] * programs)
         self.params = params
+        self.grad_ptrs = tuple(g.data_ptr() for g in grads)
+        self._grad_offsets = [seg.start * g.element_size() for g, seg in zip(grads, segments)]
         self.n_tensors = len(params)
         self.n_programs = len(program_tensor)
         self.step_addresses = [s["step"].data_ptr() for s in states]
@@ -415,6 +418,26 @@ class LaunchPlan:
         self.grid = (self.n_programs,)
         self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
         self.scalars: tuple = ()
+
+    def repoint_grads(self, grad_ptrs: tuple, check: Callable[[int], None]) -> bool:
+        """Point the table at new gradient tensors (a backward after ``zero_grad(set_to_none=True)``,
+        torch's default, allocates them anew): only the gradient column is rewritten, not the
+        per-program map, whose size grows with the parameter count. ``check(i)`` validates the
+        i-th new gradient. False when the plan must be rebuilt instead (a gradient that breaks
+        the alignment the kernels were built for)."""
+        if grad_ptrs == self.grad_ptrs:
+            return True
+        addresses = [ptr + offset for ptr, offset in zip(grad_ptrs, self._grad_offsets)]
+        if self.aligned and any(a % 16 for a in addresses):
+            return False
+        refuse_rebuild_while_capturing("AdamMini")
+        for i, (old, new) in enumerate(zip(self.grad_ptrs, grad_ptrs)):
+            if old != new:
+                check(i)
+        column = self.table[_G.value: self.n_tensors * TABLE_STRIDE: TABLE_STRIDE]
+        column.copy_(upload_int64(addresses, self.table.device))
+        self.grad_ptrs = grad_ptrs
+        return True
 
 
 class StepTable:
