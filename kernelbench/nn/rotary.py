@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
 
 import torch
+
 try:
     import triton
     import triton.language as tl
@@ -39,29 +41,43 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
     from ._no_triton import tl, triton
 
 from ..fast_launch import CachedLauncher
+from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 
 STYLES = ("half", "interleaved")
 LAYOUTS = ("bhsd", "bshd")
 IMPLS = ("auto", "triton", "torch")
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-# Default tile and cache hint, measured on an H200 (bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128),
-# forward, scripts/probe_gaps.py, 2026-11-22, against torch.compile's 0.0863 ms in the same runs):
-# 2 heads x 8 positions x 128 dims (2048 elements) at 4 warps with the cos / sin loads marked
-# evict_last, 0.0847-0.0849 ms in four runs, against 0.0900 for session 2's default (1 head x 32
-# positions, no hint). The hint alone gave 0.0895, the tile alone 0.0856: the cos / sin tables
-# (1 MB) are read by every program, and without the hint the streamed q / k push them out of L2.
-# Tiles of 4 x 4 and 2 x 16 (8 warps) were within 2%, 8 x 4 and 1 x 32 5-6% slower, a "whole row"
-# kernel (partner element through a second, L1-hitting load, one store; the way torch.compile's
-# code does it) 15% slower. Odd head counts take one head per program (no masked tiles).
+# Default tile: 2 heads x 8 positions x 128 dims (2048 elements) per program at 4 warps, each
+# program loading its cos / sin tile once for its heads (results/2026-11-22-h200-norm/README.md).
+# Odd head counts take one head per program (no masked tiles).
 _ELEMENTS_PER_PROGRAM = 2048
 _DEFAULT_BLOCK_H = 2
 _DEFAULT_NUM_WARPS = 4
-# Head blocks per program (each loads its cos / sin tile once for all of them): 1 = a program per
-# head block, the layout the figures above were measured with.
-_DEFAULT_HEAD_BLOCKS_PER_PROGRAM = 1
-# L2 eviction hint of the cos / sin loads ("" none, "evict_last").
-_DEFAULT_TABLE_EVICT = "evict_last"
+
+
+@dataclass(frozen=True)
+class RotaryConfig:
+    """Launch of ``_rotary_kernel``: ``block_h`` heads x ``block_s`` positions per program."""
+
+    block_h: int
+    block_s: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_h", "block_s"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"rotary RotaryConfig: {name} must be a power of two, got {value}")
+
+
+@functools.cache
+def rotary_config(hq: int, hk: int, seq: int, half: int) -> RotaryConfig:
+    """The default launch for q / k with hq / hk heads, seq positions, rotary_dim = 2 * half."""
+    block_h = _DEFAULT_BLOCK_H if hq % _DEFAULT_BLOCK_H == 0 and hk % _DEFAULT_BLOCK_H == 0 else 1
+    block_half = triton.next_power_of_2(half)
+    block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
+    return RotaryConfig(block_h, block_s, _DEFAULT_NUM_WARPS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,16 +198,13 @@ def _rotary_kernel(
     COPY_PASS: tl.constexpr,
     EVEN: tl.constexpr,  # BLOCK_H divides Hq and Hk, BLOCK_S divides S, BLOCK_HALF == HALF
     ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
-    HEAD_BLOCKS_PER_PROGRAM: tl.constexpr,  # head blocks a program loops over with one cos / sin tile
-    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads ("" none, "evict_last")
 ):
     s_block = tl.program_id(0)
     bh = tl.program_id(1)
     q_blocks = tl.cdiv(Hq, BLOCK_H)
     head_blocks = q_blocks + tl.cdiv(Hk, BLOCK_H)
-    groups = tl.cdiv(head_blocks, HEAD_BLOCKS_PER_PROGRAM)
-    b = bh // groups
-    first_hb = (bh % groups) * HEAD_BLOCKS_PER_PROGRAM
+    b = bh // head_blocks
+    hb = bh % head_blocks
 
     s_idx = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s_idx < S
@@ -208,37 +221,36 @@ def _rotary_kernel(
         d1 = j
         d2 = j + HALF
     # Tiles of shape (1, BLOCK_S, BLOCK_HALF): loaded directly in the rank of x's tile, so the
-    # broadcast over heads needs no layout conversion.
+    # broadcast over heads needs no layout conversion. evict_last: every program reads the
+    # tables, and without the hint the streamed q / k push them out of L2.
     tmask = s_mask[None, :, None] & (j < HALF)[None, None, :]
     t_row = pos[None, :, None]
     if EVEN:
-        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
+        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], eviction_policy="evict_last").to(ACC)
+        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], eviction_policy="evict_last").to(ACC)
+        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], eviction_policy="evict_last").to(ACC)
+        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], eviction_policy="evict_last").to(ACC)
     else:
         c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
+                     eviction_policy="evict_last").to(ACC)
         c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
+                     eviction_policy="evict_last").to(ACC)
         s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
+                     eviction_policy="evict_last").to(ACC)
         s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
+                     eviction_policy="evict_last").to(ACC)
     if BACKWARD:
         s1, s2 = -s2, -s1
 
     b = b.to(tl.int64)
-    for i in range(HEAD_BLOCKS_PER_PROGRAM):
-        hb = first_hb + i
-        if hb < q_blocks:
-            _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
-                          b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
-        elif hb < head_blocks:
-            _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
-                          b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+    if hb < q_blocks:
+        _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
+                      b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
+                      EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
+    else:
+        _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
+                      b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
+                      EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -270,16 +282,13 @@ _launchers: dict[tuple, CachedLauncher] = {}
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None,
-            table_evict=None):
-    """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s,
-    num_warps and heads_per_program (head blocks one program loops over, reusing its cos / sin
-    tile) override the defaults (scripts/probe_nn.py sweeps them)."""
+            layout="bhsd", config: RotaryConfig | None = None):
+    """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim); ``config`` None: the
+    default launch (``rotary_config``)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
     hk = _bhsd_shape(k, layout)[1]
     key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
-           offsets is not None, block_h, block_s, num_warps, heads_per_program,
-           _DEFAULT_TABLE_EVICT if table_evict is None else table_evict)
+           offsets is not None, config)
     launch = _launchers.get(key)
     if launch is None:
         if len(_launchers) >= _MAX_LAUNCHERS:
@@ -295,29 +304,20 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
 
 
 def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              block_h, block_s, num_warps, heads_per_program, table_evict) -> CachedLauncher:
+              config) -> CachedLauncher:
     half = rot // 2
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     block_half = triton.next_power_of_2(half)
-    if block_h is None:
-        block_h = _DEFAULT_BLOCK_H if hq % _DEFAULT_BLOCK_H == 0 and hk % _DEFAULT_BLOCK_H == 0 else 1
-    if block_s is None:
-        block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
-    if num_warps is None:
-        num_warps = _DEFAULT_NUM_WARPS
+    block_h, block_s, num_warps = astuple(config or rotary_config(hq, hk, seq, half))
     even = seq % block_s == 0 and hq % block_h == 0 and hk % block_h == 0 and block_half == half
     block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
     head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
-    if heads_per_program is None:
-        heads_per_program = _DEFAULT_HEAD_BLOCKS_PER_PROGRAM
-    heads_per_program = min(heads_per_program, head_blocks)
-    grid = (triton.cdiv(seq, block_s), batch * triton.cdiv(head_blocks, heads_per_program))
+    grid = (triton.cdiv(seq, block_s), batch * head_blocks)
     return CachedLauncher(
         _rotary_kernel, grid,
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
-        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc,
-        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, TABLE_EVICT=table_evict, num_warps=num_warps,
+        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc, num_warps=num_warps,
     )
 
 
@@ -351,7 +351,7 @@ class _RotaryFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------
 @torch.library.custom_op("kernelbench::rotary", mutates_args=())
 def _rotary_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offsets: Optional[torch.Tensor],
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offsets: torch.Tensor | None,
     position_offset: int, interleaved: bool, bshd: bool, backward: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated (q, k), new tensors; ``backward`` rotates by the transposed matrix (gradients)."""
@@ -421,7 +421,8 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
         if t.dim() != 4:
             raise ValueError(f"apply_rotary: {name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"apply_rotary: unsupported dtype {t.dtype} for {name}; accepted: float32, bfloat16, float16, float64")
+            raise TypeError(
+                f"apply_rotary: unsupported dtype {t.dtype} for {name}; accepted: float32, bfloat16, float16, float64")
     if q.dtype != k.dtype or q.device != k.device:
         raise ValueError(f"apply_rotary: q ({q.dtype}, {q.device}) and k ({k.dtype}, {k.device}) must match")
     qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
@@ -442,7 +443,8 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
         raise ValueError(f"apply_rotary: cos / sin are on {cos.device}, q on {q.device}")
     rot, head_dim, seq = cos.shape[-1], qb[3], qb[2]
     if rot > head_dim:
-        raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) is larger than the head dimension {head_dim}")
+        raise ValueError(
+            f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) is larger than the head dimension {head_dim}")
     if rot % 2 or rot == 0:
         raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) must be even and positive")
     if isinstance(position_offset, torch.Tensor):
@@ -525,12 +527,10 @@ def apply_rotary(
     else:
         cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
     if impl == "auto":
-        from .autoselect import choose_impl
-
         qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
         shape = (qb[0], qb[1], kb[1], qb[2], qb[3], cos.shape[-1])
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-        impl = choose_impl("rotary", shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
+        impl = choose_impl(AUTOSELECT, shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
     if impl == "torch":
         return rotary_ref(q, k, cos, sin, style=style, layout=layout, position_offset=position_offset)
     if torch.compiler.is_compiling():
@@ -593,3 +593,45 @@ def apply_rotary_(
     torch.ops.kernelbench.rotary_(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
                                   style == "interleaved", layout == "bshd")
     return q, k
+
+
+# ------------------------------------------------------------------------------------------------
+# What impl="auto" times
+# ------------------------------------------------------------------------------------------------
+def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
+                        variant: str) -> dict[str, Callable[[], None]]:
+    batch, hq, hk, seq, dim, rot = shape
+    style, layout = (variant or "half-bhsd").split("-")
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def make(heads: int) -> torch.Tensor:
+        dims = (batch, heads, seq, dim) if layout == "bhsd" else (batch, seq, heads, dim)
+        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    q, k = make(hq), make(hk)
+    angles = torch.rand((seq, rot), generator=gen, device=device) * 6.0
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    backward = mode == "fwd+bwd"
+    if backward:
+        q.requires_grad_(True)
+        k.requires_grad_(True)
+        dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def runner(impl: str) -> Callable[[], None]:
+        def run() -> None:
+            qo, ko = apply_rotary(q, k, cos, sin, style=style, layout=layout, impl=impl)
+            if backward:
+                q.grad = k.grad = None
+                torch.autograd.backward((qo, ko), (dq, dk))
+
+        return run
+
+    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
+
+
+def _autoselect_check_shape(shape: tuple) -> None:
+    if len(shape) != 6:
+        raise ValueError(f"autoselect: rotary shape is (B, Hq, Hk, S, D, rotary_dim), got {shape}")
+
+
+AUTOSELECT = Candidates("rotary", _autoselect_runners, check_shape=_autoselect_check_shape)
