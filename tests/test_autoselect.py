@@ -129,3 +129,12 @@ def test_without_triton_one_log_line(cache_dir):
     assert [line for line in out.stderr.splitlines() if "triton not installed" in line] == [
         "kernelbench.nn: triton not installed; RMSNorm and rotary use PyTorch"
     ]
+
+
+def test_autoselect_imports_no_candidate():
+    """auto-selection takes the candidates it times: importing it loads neither kernel module."""
+    code = ("import sys, kernelbench.nn.autoselect\n"
+            "print(sorted(m for m in sys.modules if m in ('kernelbench.nn.rmsnorm', 'kernelbench.nn.rotary')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

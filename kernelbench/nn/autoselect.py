@@ -1,17 +1,18 @@
 """Per-shape choice between kernelbench's Triton kernels and PyTorch, measured once, cached on disk.
 
-``RMSNorm(..., impl="auto")`` and ``apply_rotary(..., impl="auto")`` call :func:`choose_impl`.
-The first time a (op, shape, dtype, mode, variant) is seen on a GPU, each available
-implementation runs a few times (CUDA events, interleaved, median of ``REPS``) and the faster is
-kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default
-``~/.cache/kernelbench/autoselect.json``) keyed also by GPU name and torch / triton versions, so
-another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
-answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
-one log line. A call being traced by torch.compile measures nothing and reads no file: see
-:func:`compiled_choice`.
+``RMSNorm(..., impl="auto")`` and ``apply_rotary(..., impl="auto")`` call :func:`choose_impl`
+with their module's ``AUTOSELECT`` :class:`Candidates` (this module imports neither). The first
+time a (op, shape, dtype, mode, variant) is seen on a GPU, each implementation runs a few times
+(CUDA events, interleaved, median of ``REPS``) and the faster is kept, in memory and in a JSON
+file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default ``~/.cache/kernelbench/autoselect.json``)
+keyed also by GPU name and torch / triton versions, so another process reads the answer instead
+of measuring again. Without CUDA nothing is timed: the answer is "torch" ("no CUDA: timings not
+measured"). Without Triton the answer is "torch", with one log line. A call being traced by
+torch.compile measures nothing and reads no file: see :func:`compiled_choice`.
 
-:func:`autoselect_report` is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype
-bf16`` prints: each implementation's time and the choice.
+``kernelbench.nn.autoselect_report`` (:func:`autoselect_report` for an op named "rmsnorm" or
+"rotary") is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype bf16`` prints:
+each implementation's time and the choice.
 """
 
 from __future__ import annotations

@@ -607,7 +607,7 @@ def _resident_per_sm(kernel, args: list, meta: dict, like: torch.Tensor) -> int:
             if compiled.metadata.shared:
                 fits = min(fits, smem // compiled.metadata.shared)
             _resident_cache[key] = max(1, fits)
-        except Exception:
+        except Exception:  # an API difference must not break the backward
             _resident_cache[key] = 2
     return _resident_cache[key]
 
