@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kernelbench.nn.rotary import RotaryConfig, apply_rotary, apply_rotary_, rotary_config, rotary_ref
+from kernelbench.nn.rotary import apply_rotary, apply_rotary_, rotary_ref
+from kernelbench.nn.rotary_kernels import RotaryConfig, rotary_config
 from kernelbench.ops.rotary import rotary_ref as hf_rotary_ref
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -157,7 +158,7 @@ def test_bad_input(call, match):
 ], ids=["one-head", "four-heads"])
 def test_launch_configs_match_reference(config):
     """Tiles other than the default, with partial head and sequence blocks."""
-    from kernelbench.nn.rotary import _launch
+    from kernelbench.nn.rotary_kernels import _launch
 
     gen = torch.Generator().manual_seed(8)
     q, k = make(2, 6, 3, 7, 32, "bhsd", torch.bfloat16, gen)

@@ -119,31 +119,36 @@ def main() -> int:
 
     before = {"rmsnorm": load_before("rmsnorm").rms_norm, "rotary": load_before("rotary").apply_rotary}
     after = {"rmsnorm": rmsnorm.rms_norm, "rotary": rotary.apply_rotary}
-    cases = []  # (label, {side: (run, results)})
-    for backward in (False, True):
-        mode = "fwd+bwd" if backward else "fwd"
-        for m, n in norm_shapes:
-            for residual in (False, True):
-                label = dict(op="rmsnorm", shape=f"{m}x{n}", residual=residual, mode=mode)
-                cases.append((label, {side: rmsnorm_case(fns["rmsnorm"], m, n, residual, backward, device)
-                                      for side, fns in (("before", before), ("after", after))}))
-        for shape in rotary_shapes:
-            label = dict(op="rotary", shape="x".join(map(str, shape)), mode=mode)
-            cases.append((label, {side: rotary_case(fns["rotary"], shape, backward, device)
-                                  for side, fns in (("before", before), ("after", after))}))
+    def cases():
+        """(label, {side: (run, results)}), built one at a time: the large shapes' tensors of
+        every case at once would not fit in GPU memory."""
+        sides = (("before", before), ("after", after))
+        for backward in (False, True):
+            mode = "fwd+bwd" if backward else "fwd"
+            for m, n in norm_shapes:
+                for residual in (False, True):
+                    label = dict(op="rmsnorm", shape=f"{m}x{n}", residual=residual, mode=mode)
+                    yield label, {side: rmsnorm_case(fns["rmsnorm"], m, n, residual, backward, device)
+                                  for side, fns in sides}
+            for shape in rotary_shapes:
+                yield (dict(op="rotary", shape="x".join(map(str, shape)), mode=mode),
+                       {side: rotary_case(fns["rotary"], shape, backward, device) for side, fns in sides})
 
     failed = False
-    for label, sides in cases:
-        got = {side: results() for side, (_, results) in sides.items()}
+    for label, case in cases():
+        got = {side: results() for side, (_, results) in case.items()}
         equal = [torch.equal(a, b) for a, b in zip(got["before"], got["after"])]
         failed |= not all(equal)
         row = dict(**label, check="bit-identical outputs and grads", equal=all(equal), tensors=len(equal))
+        del got
         if args.tiny:
             emit(**row)
             continue
-        times = interleaved_ms({side: run for side, (run, _) in sides.items()}, rounds=args.rounds)
+        times = interleaved_ms({side: run for side, (run, _) in case.items()}, rounds=args.rounds)
         emit(**row, before_ms=times["before"], after_ms=times["after"],
              after_over_before=times["after"] / times["before"], gpu=torch.cuda.get_device_name(device))
+        del case
+        torch.cuda.empty_cache()
     return 1 if failed else 0
 
 
