@@ -577,7 +577,7 @@ def autoselect(
         dims = tuple(int(d) for d in shape.lower().split("x"))
     except ValueError:
         raise fail(out, f"--shape {shape}: expected integers separated by x, e.g. 16x2048x4096") from None
-    from .nn.autoselect import autoselect_report
+    from .nn import autoselect_report
     from .ops.base import torch_dtype
 
     try:

@@ -8,7 +8,9 @@ import sys
 import pytest
 import torch
 
-from kernelbench.nn.autoselect import autoselect_report, cache_path, choose_impl, clear_memory_cache
+from kernelbench.nn import autoselect_report
+from kernelbench.nn.autoselect import cache_path, choose_impl, clear_memory_cache
+from kernelbench.nn.rmsnorm import AUTOSELECT
 
 
 class FakeTimer:
@@ -66,7 +68,7 @@ def test_fresh_process_reads_the_file(cache_dir):
     autoselect_report("rotary", (1, 2, 1, 8, 16, 16), torch.float32, variant="half-bhsd",
                       timer=FakeTimer({"triton": 0.1, "torch": 0.2}))
     code = (
-        "import torch; from kernelbench.nn.autoselect import autoselect_report\n"
+        "import torch; from kernelbench.nn import autoselect_report\n"
         "def no_timer(runners): raise SystemExit('measured again')\n"
         "r = autoselect_report('rotary', (1, 2, 1, 8, 16, 16), torch.float32, variant='half-bhsd', timer=no_timer)\n"
         "print(r['source'], r['choice'])\n"
@@ -80,7 +82,7 @@ def test_fresh_process_reads_the_file(cache_dir):
 def test_auto_dispatch_follows_the_choice(cache_dir):
     # A cached "triton" answer for this CPU shape makes impl="auto" take the Triton (interpreter) path.
     autoselect_report("rmsnorm", (3, 40), torch.float32, mode="fwd", timer=FakeTimer({"triton": 1.0, "torch": 2.0}))
-    assert choose_impl("rmsnorm", (3, 40), torch.float32, "cpu", requires_grad=False) == "triton"
+    assert choose_impl(AUTOSELECT, (3, 40), torch.float32, "cpu", requires_grad=False) == "triton"
     from kernelbench.nn import rms_norm
 
     x, w = torch.randn(3, 40), torch.randn(40)
@@ -127,3 +129,12 @@ def test_without_triton_one_log_line(cache_dir):
     assert [line for line in out.stderr.splitlines() if "triton not installed" in line] == [
         "kernelbench.nn: triton not installed; RMSNorm and rotary use PyTorch"
     ]
+
+
+def test_autoselect_imports_no_candidate():
+    """auto-selection takes the candidates it times: importing it loads neither kernel module."""
+    code = ("import sys, kernelbench.nn.autoselect\n"
+            "print(sorted(m for m in sys.modules if m in ('kernelbench.nn.rmsnorm', 'kernelbench.nn.rotary')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -17,7 +17,8 @@ def test_schemas():
     assert str(ops.rms_norm_fwd.default._schema) == (
         "kernelbench::rms_norm_fwd(Tensor x, Tensor? weight, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor)")
     assert str(ops.rms_norm_bwd.default._schema) == (
-        "kernelbench::rms_norm_bwd(Tensor dy, Tensor? dh, Tensor normed, Tensor? weight, Tensor rstd) -> (Tensor, Tensor)")
+        "kernelbench::rms_norm_bwd(Tensor dy, Tensor? dh, Tensor normed, Tensor? weight, Tensor rstd) "
+        "-> (Tensor, Tensor)")
     assert str(ops.rotary.default._schema) == (
         "kernelbench::rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? offsets, SymInt position_offset, "
         "bool interleaved, bool bshd, bool backward) -> (Tensor, Tensor)")

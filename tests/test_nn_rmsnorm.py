@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kernelbench.nn.rmsnorm import MAX_N, RMSNorm, rms_norm, rmsnorm_ref
+from kernelbench.nn.rmsnorm import MAX_N, RMSNorm, rms_norm, rmsnorm_ref_fp32
+from kernelbench.nn.rmsnorm_kernels import BwdConfig, FwdConfig, bwd_config, fwd_config
 
 # (atol, rtol) for outputs and dx; dweight (a sum over rows) is compared by relative norm.
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -43,7 +44,7 @@ def run_both(x, weight, residual, eps=1e-6):
     rx = next(it)
     rw = next(it) if weight is not None else None
     rr = next(it) if residual is not None else None
-    ref = rmsnorm_ref(rx, rw, eps, rr)
+    ref = rmsnorm_ref_fp32(rx, rw, eps, rr)
     refs = ref if isinstance(ref, tuple) else (ref,)
     torch.autograd.backward(refs, [g.double() for g in grads_out])
     want = [o.detach() for o in refs] + [t.grad for t in ref_leaves]
@@ -116,7 +117,7 @@ def test_gradcheck_fp64():
         x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
         w = torch.randn(shape[-1], generator=gen, dtype=torch.float64, requires_grad=True)
         r = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
-        fn = lambda x, w, r: rms_norm(x, w, 1e-6, residual=r, impl="triton")  # noqa: E731
+        fn = lambda x, w, r: rms_norm(x, w, 1e-6, residual=r, impl="triton")
         assert torch.autograd.gradcheck(fn, (x, w, r), fast_mode=True)
 
 
@@ -156,61 +157,71 @@ def test_bad_input(call, match):
         call()
 
 
-# Launch configurations scripts/probe_nn.py sweeps: every one must compute the same thing.
+# Launch configurations other than the defaults: every one must compute the same thing.
 TUNINGS = [
-    ({"block_m": 4, "num_warps": 4}, {"prefetch": True}),  # several rows per block, prefetching bwd
-    ({"programs_per_sm": 1}, {"programs_per_sm": 1, "prefetch": True}),  # persistent: programs loop
-    ({"block_m": 1, "programs_per_sm": 2}, {"block_m": 2, "num_warps": 2, "programs_per_sm": 1, "prefetch": True}),
-    ({"block_m": 1, "early_weight": True}, {}),  # the weight loaded together with x
-    ({"chunk_n": 64, "num_warps": 2}, {}),  # two-pass forward, a row per program, the default hints
-    ({"chunk_n": 32, "programs_per_sm": 2, "x_evict": "", "x_reread_evict": "", "w_evict": ""}, {}),  # persistent, no hints
+    (FwdConfig(4, 256, True, 4), BwdConfig("rows", 4, 256, 4)),  # several rows per block
+    (FwdConfig(1, 256, True, 4), BwdConfig("rows", 2, 256, 2, programs_per_sm=1)),  # programs loop
+    (FwdConfig(1, 256, True, 4, early_weight=True), BwdConfig("rows", 1, 256, 4)),  # weight loaded with x
+    (FwdConfig(1, 64, False, 2), BwdConfig("two-pass", 1, 64, 2)),  # two passes, a row per program
+    (FwdConfig(1, 32, False, 4), BwdConfig("two-pass", 1, 32, 4, programs_per_sm=2)),
 ]
 
 
 @pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS,
-                         ids=["rows4-prefetch", "persistent", "mixed", "early-weight", "two-pass", "two-pass-persistent"])
-def test_launch_overrides_match_reference(fwd_cfg, bwd_cfg):
-    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+                         ids=["rows4", "persistent-bwd", "early-weight", "two-pass", "two-pass-32"])
+def test_launch_configs_match_reference(fwd_cfg, bwd_cfg):
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
 
     gen = torch.Generator().manual_seed(21)
     x = torch.randn(43, 200, generator=gen).to(torch.bfloat16)  # 43 rows: partial last blocks
     w = (1 + 0.1 * torch.randn(200, generator=gen)).to(torch.bfloat16)
     dy = torch.randn(43, 200, generator=gen).to(torch.bfloat16)
-    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, **fwd_cfg)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, **bwd_cfg)
+    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, config=fwd_cfg)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, config=bwd_cfg)
     xr, wr = x.double().requires_grad_(True), w.double().requires_grad_(True)
-    ref = rmsnorm_ref(xr, wr, 1e-6)
+    ref = rmsnorm_ref_fp32(xr, wr, 1e-6)
     ref.backward(dy.double())
     check([y, dx, dw], [ref.detach(), xr.grad, wr.grad], torch.bfloat16, True, False)
 
 
-# The wide backward (x, dy and dw in registers per column block, _rmsnorm_bwd_wide_kernel) forced
-# at small N: whole rows (splits=1) and rows split into column blocks whose programs read the
-# rest of the row for the dot product. programs_per_sm=1 makes 4 / splits row programs in the
-# interpreter, so each loops over several rows (dw accumulated across them, prefetch handing on).
-WIDE = [  # (M, N, dtype, splits, extra backward keywords)
-    (11, 24, torch.float32, 1, {}),
-    (11, 24, torch.bfloat16, 4, {"prefetch": True}),  # 4 blocks of 8 columns
-    (9, 760, torch.bfloat16, 2, {"stages": 2}),
-    (13, 761, torch.float16, 3, {"prefetch": True}),  # odd N: the last block partly masked
-    (5, 333, torch.float32, 2, {"num_warps": 2}),
+def test_default_configs():
+    """The default launch per row width: which kernel, block shapes and warps."""
+    assert fwd_config(200) == FwdConfig(16, 256, True, 8)
+    assert fwd_config(2048) == FwdConfig(2, 2048, True, 8)
+    assert fwd_config(3000) == FwdConfig(1, 2048, False, 8)  # padded to 4096: two passes
+    assert fwd_config(8192) == FwdConfig(1, 4096, False, 16)
+    assert fwd_config(12000) == FwdConfig(1, 16384, True, 16, early_weight=True)
+    assert fwd_config(65536) == FwdConfig(1, 8192, False, 32)
+    assert bwd_config(4096) == BwdConfig("rows", 1, 4096, 8)
+    assert bwd_config(12000) == BwdConfig("wide", 1, 16384, 32)
+    assert bwd_config(32768) == BwdConfig("two-pass", 1, 8192, 32, programs_per_sm=2)
+
+
+# The wide backward (x, dy and dw of a whole row in registers, _rmsnorm_bwd_wide_kernel) forced at
+# small N. programs_per_sm=1 makes 4 row programs in the interpreter, so each loops over several
+# rows (dw accumulated across them).
+WIDE = [  # (M, N, dtype, num_warps)
+    (11, 24, torch.float32, 4),
+    (9, 760, torch.bfloat16, 4),
+    (13, 761, torch.float16, 4),  # odd N: the row partly masked
+    (5, 333, torch.float32, 2),
 ]
 
 
-def check_backward(m, n, dtype, has_weight, has_dres, **cfg):
-    """_rmsnorm_bwd with the launch keywords ``cfg`` against the fp64 reference."""
-    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+def check_backward(m, n, dtype, has_weight, has_dres, config):
+    """_rmsnorm_bwd with the launch ``config`` against the fp64 reference."""
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
 
-    gen = torch.Generator().manual_seed(m * n + len(cfg))
+    gen = torch.Generator().manual_seed(m * n)
     x = torch.randn(m, n, generator=gen).to(dtype)
     w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype) if has_weight else None
     dy = torch.randn(m, n, generator=gen).to(dtype)
     dres = torch.randn(m, n, generator=gen).to(dtype) if has_dres else None
     _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, dres, **cfg)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, dres, config=config)
     xr = x.double().requires_grad_(True)
     wr = w.double().requires_grad_(True) if has_weight else None
-    rmsnorm_ref(xr, wr, 1e-6).backward(dy.double())
+    rmsnorm_ref_fp32(xr, wr, 1e-6).backward(dy.double())
     want_dx = xr.grad + (dres.double() if has_dres else 0)
     assert_close("dx", dx, want_dx, *TOL[dtype])
     if has_weight:
@@ -224,72 +235,55 @@ WEIGHT_DRES = [(True, False), (True, True), (False, True)]
 WEIGHT_DRES_IDS = ["weight", "weight-dres", "no-weight-dres"]
 
 
+def _pow2(n):
+    return 1 << (n - 1).bit_length()
+
+
 @pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
-@pytest.mark.parametrize("m, n, dtype, splits, extra", WIDE,
-                         ids=[f"{m}x{n}-{str(d)[6:]}-s{s}" for m, n, d, s, _ in WIDE])
-def test_wide_backward_matches_reference(m, n, dtype, splits, extra, has_weight, has_dres):
-    check_backward(m, n, dtype, has_weight, has_dres, wide_splits=splits, programs_per_sm=1, **extra)
+@pytest.mark.parametrize("m, n, dtype, warps", WIDE, ids=[f"{m}x{n}-{str(d)[6:]}" for m, n, d, _ in WIDE])
+def test_wide_backward_matches_reference(m, n, dtype, warps, has_weight, has_dres):
+    check_backward(m, n, dtype, has_weight, has_dres, BwdConfig("wide", 1, _pow2(n), warps, programs_per_sm=1))
 
 
-# The two-pass row kernel forced at small N with small chunks (chunk_n), with dw accumulated in
-# pass 2 into one partial row per program (dw_in_dx) or by the dw column kernel, pass 2 forwards
-# or reversed. programs_per_sm=1 / 2 makes 4 / 8 programs in the interpreter, so each loops over
-# several rows: its partial row is written by its first row and added to by the others.
-TWO_PASS = [  # (M, N, dtype, backward keywords)
-    (11, 24, torch.float32, {"chunk_n": 8, "dw_in_dx": True, "programs_per_sm": 1}),
-    (13, 760, torch.bfloat16, {"chunk_n": 128, "dw_in_dx": True, "programs_per_sm": 2}),
-    (9, 761, torch.float32, {"chunk_n": 256, "dw_in_dx": True, "programs_per_sm": 1, "reverse_pass2": True}),
-    (19, 761, torch.bfloat16, {"chunk_n": 64, "dw_in_dx": True, "programs_per_sm": 2, "reverse_pass2": True}),
-    (7, 761, torch.bfloat16, {"chunk_n": 256, "reverse_pass2": True}),  # the dw column kernel
+# The two-pass row kernel forced at small N with small chunks, dw from the dw column kernel.
+# programs_per_sm=1 / 2 makes 4 / 8 programs in the interpreter, so each loops over several rows.
+TWO_PASS = [  # (M, N, dtype, chunk, programs per SM)
+    (11, 24, torch.float32, 8, 1),
+    (13, 760, torch.bfloat16, 128, 2),
+    (9, 761, torch.float32, 256, 1),
+    (19, 761, torch.bfloat16, 64, 2),
 ]
 
 
 @pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
-@pytest.mark.parametrize("m, n, dtype, cfg", TWO_PASS, ids=[
-    f"{m}x{n}-{str(d)[6:]}-" + "-".join(f"{k}{int(v)}" for k, v in c.items()) for m, n, d, c in TWO_PASS])
-def test_two_pass_backward_matches_reference(m, n, dtype, cfg, has_weight, has_dres):
-    check_backward(m, n, dtype, has_weight, has_dres, **cfg)
+@pytest.mark.parametrize("m, n, dtype, chunk, pps", TWO_PASS,
+                         ids=[f"{m}x{n}-{str(d)[6:]}-chunk{c}" for m, n, d, c, _ in TWO_PASS])
+def test_two_pass_backward_matches_reference(m, n, dtype, chunk, pps, has_weight, has_dres):
+    check_backward(m, n, dtype, has_weight, has_dres, BwdConfig("two-pass", 1, chunk, 4, programs_per_sm=pps))
 
 
-def test_two_pass_default_switch(monkeypatch):
-    """An entry of _BWD_TWO_PASS_CONFIG (how a measured winner becomes the default) reaches the
-    public autograd path: here dw in the dx kernel for N = 9000 with the wide kernel switched off."""
-    from kernelbench.nn import rmsnorm as mod
-
-    monkeypatch.setattr(mod, "_BWD_WIDE_MAX_N", 8192)
-    monkeypatch.setattr(mod, "_BWD_TWO_PASS_CONFIG", {
-        16384: {"dw_in_dx": True, "programs_per_sm": 1, "chunk_n": 4096, "reverse_pass2": True}})
-    monkeypatch.setattr(mod, "_bwd_plans", {})
-    gen = torch.Generator().manual_seed(8)
-    x = torch.randn(5, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
-    w = (1 + 0.1 * torch.randn(9000, generator=gen)).to(torch.bfloat16).requires_grad_(True)
-    r = torch.randn(5, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
-    got, want = run_both(x, w, r)
-    check(got, want, torch.bfloat16, True, True)
-    (plan,) = mod._bwd_plans.values()
-    assert plan.main.kernel is mod._rmsnorm_bwd_kernel and plan.dw_columns is None
-    assert plan.main.meta["DW_IN_DX"] and plan.main.meta["REVERSE_PASS2"] and plan.main.meta["BLOCK_N"] == 4096
-    assert plan.partial_rows == 4  # one partial row per program: 1 per SM, 4 "SMs" in the interpreter
-
-
-@pytest.mark.parametrize("cfg, match", [
-    ({"chunk_n": 100}, "chunk_n must be a power of two, got 100"),
-    ({"chunk_n": 64, "block_m": 2}, "take one row per block, got block_m=2"),
-    ({"dw_in_dx": True}, "apply to the two-pass kernel"),
-    ({"wide_splits": 2, "dw_in_dx": True}, "not the wide backward"),
+@pytest.mark.parametrize("make, match", [
+    (lambda: FwdConfig(1, 100, False, 4), "block_n must be a power of two, got 100"),
+    (lambda: FwdConfig(2, 64, False, 4), "one row per block, got block_m=2"),
+    (lambda: BwdConfig("two-pass", 2, 64, 4), "one row per block, got block_m=2"),
+    (lambda: BwdConfig("split", 1, 64, 4), "kernel must be one of rows, wide, two-pass"),
 ])
-def test_bad_backward_keywords(cfg, match):
-    from kernelbench.nn.rmsnorm import _rmsnorm_bwd
+def test_bad_launch_config(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_config_narrower_than_rows():
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd
 
     x = torch.randn(3, 200)
-    with pytest.raises(ValueError, match=match):
-        _rmsnorm_bwd(x, torch.ones(200), torch.ones(3), x, None, **cfg)
+    with pytest.raises(ValueError, match="needs block_n >= N, got 128 < 200"):
+        _rmsnorm_bwd(x, torch.ones(200), torch.ones(3), x, None, config=BwdConfig("wide", 1, 128, 4))
 
 
 def test_wide_backward_default_switch(monkeypatch):
-    """Rows in (8192, 16384] take the wide kernel by default through the public autograd path,
-    with _BWD_WIDE_CONFIG's entry for the padded width (9000 -> 16384)."""
-    from kernelbench.nn import rmsnorm as mod
+    """Rows in (8192, 16384] take the wide kernel by default through the public autograd path."""
+    from kernelbench.nn import rmsnorm_kernels as mod
 
     monkeypatch.setattr(mod, "_bwd_plans", {})  # plans made by other tests
     gen = torch.Generator().manual_seed(4)
@@ -299,18 +293,16 @@ def test_wide_backward_default_switch(monkeypatch):
     got, want = run_both(x, w, r)
     check(got, want, torch.bfloat16, True, True)
     (plan,) = mod._bwd_plans.values()
-    splits, warps, stages = mod._BWD_WIDE_CONFIG[16384]
     assert plan.main.kernel is mod._rmsnorm_bwd_wide_kernel
-    assert (plan.main.meta["SPLITS"], plan.main.meta["num_warps"], plan.main.meta["STAGES"]) == (splits, warps, stages)
+    assert (plan.main.meta["BLOCK_N"], plan.main.meta["num_warps"]) == (16384, 32)
 
 
-@pytest.mark.parametrize("cfg", [
-    {"wide_splits": 2, "programs_per_sm": 1},
-    {"chunk_n": 8, "programs_per_sm": 1},
-    {"chunk_n": 8, "dw_in_dx": True, "programs_per_sm": 1, "reverse_pass2": True},
-], ids=["wide", "two-pass", "two-pass-dw-in-dx"])
-def test_gradcheck_fp64_backward_configs(cfg):
-    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+@pytest.mark.parametrize("config", [
+    BwdConfig("wide", 1, 64, 4, programs_per_sm=1),
+    BwdConfig("two-pass", 1, 8, 4, programs_per_sm=1),
+], ids=["wide", "two-pass"])
+def test_gradcheck_fp64_backward_configs(config):
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
 
     class Norm(torch.autograd.Function):
         @staticmethod
@@ -322,7 +314,7 @@ def test_gradcheck_fp64_backward_configs(cfg):
         @staticmethod
         def backward(ctx, dy):
             x, w, rstd = ctx.saved_tensors
-            return _rmsnorm_bwd(x, w, rstd, dy.contiguous(), None, **cfg)
+            return _rmsnorm_bwd(x, w, rstd, dy.contiguous(), None, config=config)
 
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(5, 37, generator=gen, dtype=torch.float64, requires_grad=True)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kernelbench.nn.rotary import apply_rotary, apply_rotary_, rotary_ref
+from kernelbench.nn.rotary_kernels import RotaryConfig, rotary_config
 from kernelbench.ops.rotary import rotary_ref as hf_rotary_ref
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -96,7 +97,8 @@ def test_gradcheck_fp64():
         q.requires_grad_(True)
         k.requires_grad_(True)
         cos, sin = tables(7, 8, style)
-        fn = lambda q, k: apply_rotary(q, k, cos, sin, style=style, layout="bshd", position_offset=2, impl="triton")  # noqa: E731
+        fn = lambda q, k, cos=cos, sin=sin, style=style: apply_rotary(
+            q, k, cos, sin, style=style, layout="bshd", position_offset=2, impl="triton")
         assert torch.autograd.gradcheck(fn, (q, k), fast_mode=True)
 
 
@@ -150,24 +152,27 @@ def test_bad_input(call, match):
         call()
 
 
-@pytest.mark.parametrize("tuning", [
-    {"block_h": 1, "block_s": 4, "num_warps": 2},
-    {"block_h": 4, "block_s": 2},
-    # Programs looping over head blocks: 9 blocks in groups of 4 (the second group crosses from
-    # q's heads to k's, the last is short), and 3 blocks of 4 heads in groups of 2.
-    {"block_h": 1, "block_s": 4, "heads_per_program": 4},
-    {"block_h": 4, "block_s": 2, "heads_per_program": 2},
-], ids=["one-head", "four-heads", "one-head-loop-4", "four-heads-loop-2"])
-def test_launch_overrides_match_reference(tuning):
-    """The block shapes scripts/probe_nn.py sweeps, with partial head and sequence blocks."""
-    from kernelbench.nn.rotary import _launch
+@pytest.mark.parametrize("config", [
+    RotaryConfig(block_h=1, block_s=4, num_warps=2),
+    RotaryConfig(block_h=4, block_s=2, num_warps=4),
+], ids=["one-head", "four-heads"])
+def test_launch_configs_match_reference(config):
+    """Tiles other than the default, with partial head and sequence blocks."""
+    from kernelbench.nn.rotary_kernels import _launch
 
     gen = torch.Generator().manual_seed(8)
     q, k = make(2, 6, 3, 7, 32, "bhsd", torch.bfloat16, gen)
     cos, sin = tables(7, 32, "half")
     cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
     qo, ko = torch.empty_like(q), torch.empty_like(k)
-    _launch(q, k, qo, ko, cos, sin, None, 0, interleaved=False, backward=False, copy_pass=True, **tuning)
+    _launch(q, k, qo, ko, cos, sin, None, 0, interleaved=False, backward=False, copy_pass=True, config=config)
     rq, rk = rotary_ref(q.double(), k.double(), cos.double(), sin.double())
     assert_close("q_out", qo, rq, *TOL[torch.bfloat16])
     assert_close("k_out", ko, rk, *TOL[torch.bfloat16])
+
+
+def test_default_config():
+    """2 heads x 8 positions at 128 dims, one head per program for odd head counts."""
+    assert rotary_config(32, 8, 2048, 64) == RotaryConfig(2, 8, 4)
+    assert rotary_config(3, 1, 2048, 64) == RotaryConfig(1, 16, 4)
+    assert rotary_config(4, 2, 3, 8) == RotaryConfig(2, 4, 4)

@@ -16,8 +16,21 @@ _EXPORTS = {
     "apply_rotary": "kernelbench.nn.rotary",
     "apply_rotary_": "kernelbench.nn.rotary",
 }
+# The modules whose AUTOSELECT candidates impl="auto" times, by op name.
+_AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}
 
-__all__ = list(_EXPORTS)
+__all__ = [*_EXPORTS, "autoselect_report"]
+
+
+def autoselect_report(op: str, shape: tuple, dtype: Any, **options: Any) -> dict:
+    """``kernelbench.nn.autoselect.autoselect_report`` for an op named "rmsnorm" (shape: the
+    input's, (..., N)) or "rotary" (shape: (B, Hq, Hk, S, D, rotary_dim); ``variant``
+    "<style>-<layout>", default "half-bhsd"); the options are that function's."""
+    if op not in _AUTOSELECT_OPS:
+        raise ValueError(f"autoselect: unknown op {op!r}; known: {', '.join(_AUTOSELECT_OPS)}")
+    from .autoselect import autoselect_report as report
+
+    return report(importlib.import_module(_AUTOSELECT_OPS[op]).AUTOSELECT, shape, dtype, **options)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,17 +1,18 @@
 """Per-shape choice between kernelbench's Triton kernels and PyTorch, measured once, cached on disk.
 
-``RMSNorm(..., impl="auto")`` and ``apply_rotary(..., impl="auto")`` call :func:`choose_impl`.
-The first time a (op, shape, dtype, mode, variant) is seen on a GPU, each available
-implementation runs a few times (CUDA events, interleaved, median of ``REPS``) and the faster is
-kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default
-``~/.cache/kernelbench/autoselect.json``) keyed also by GPU name and torch / triton versions, so
-another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
-answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
-one log line. A call being traced by torch.compile measures nothing and reads no file: see
-:func:`compiled_choice`.
+``RMSNorm(..., impl="auto")`` and ``apply_rotary(..., impl="auto")`` call :func:`choose_impl`
+with their module's ``AUTOSELECT`` :class:`Candidates` (this module imports neither). The first
+time a (op, shape, dtype, mode, variant) is seen on a GPU, each implementation runs a few times
+(CUDA events, interleaved, median of ``REPS``) and the faster is kept, in memory and in a JSON
+file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default ``~/.cache/kernelbench/autoselect.json``)
+keyed also by GPU name and torch / triton versions, so another process reads the answer instead
+of measuring again. Without CUDA nothing is timed: the answer is "torch" ("no CUDA: timings not
+measured"). Without Triton the answer is "torch", with one log line. A call being traced by
+torch.compile measures nothing and reads no file: see :func:`compiled_choice`.
 
-:func:`autoselect_report` is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype
-bf16`` prints: each implementation's time and the choice.
+``kernelbench.nn.autoselect_report`` (:func:`autoselect_report` for an op named "rmsnorm" or
+"rotary") is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype bf16`` prints:
+each implementation's time and the choice.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -32,7 +34,6 @@ log = logging.getLogger("kernelbench.nn")
 
 CACHE_ENV = "KERNELBENCH_CACHE_DIR"
 CACHE_FILE = "autoselect.json"
-OPS = ("rmsnorm", "rotary")
 MODES = ("fwd", "fwd+bwd")
 IMPLEMENTATIONS = ("triton", "torch")
 WARMUP, REPS = 3, 10
@@ -54,7 +55,7 @@ def clear_memory_cache() -> None:
     _choices.clear()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_version() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return None
@@ -63,7 +64,7 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_name(device: str) -> str:
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -80,79 +81,42 @@ def cache_key(op: str, shape: tuple, dtype: torch.dtype, device: str, mode: str,
 
 
 # ------------------------------------------------------------------------------------------------
-# What is timed, per op
+# What is timed: each op's module passes its own candidates (this module imports none of them)
 # ------------------------------------------------------------------------------------------------
-def _rmsnorm_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str) -> dict:
-    from .rmsnorm import rms_norm
-
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device=device)).to(dtype)
-    backward = mode == "fwd+bwd"
-    if backward:
-        x.requires_grad_(True)
-        w.requires_grad_(True)
-        dy = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-
-    def runner(impl: str) -> Callable[[], None]:
-        def run() -> None:
-            y = rms_norm(x, w, 1e-6, impl=impl)
-            if backward:
-                x.grad = w.grad = None
-                y.backward(dy)
-
-        return run
-
-    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
+Runners = Callable[[tuple, torch.dtype, str, str, str], dict[str, Callable[[], None]]]
 
 
-def _rotary_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str) -> dict:
-    from .rotary import apply_rotary
-
-    batch, hq, hk, seq, dim, rot = shape
-    style, layout = (variant or "half-bhsd").split("-")
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def make(heads: int) -> torch.Tensor:
-        dims = (batch, heads, seq, dim) if layout == "bhsd" else (batch, seq, heads, dim)
-        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
-
-    q, k = make(hq), make(hk)
-    angles = torch.rand((seq, rot), generator=gen, device=device) * 6.0
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    backward = mode == "fwd+bwd"
-    if backward:
-        q.requires_grad_(True)
-        k.requires_grad_(True)
-        dq, dk = torch.randn_like(q), torch.randn_like(k)
-
-    def runner(impl: str) -> Callable[[], None]:
-        def run() -> None:
-            qo, ko = apply_rotary(q, k, cos, sin, style=style, layout=layout, impl=impl)
-            if backward:
-                q.grad = k.grad = None
-                torch.autograd.backward((qo, ko), (dq, dk))
-
-        return run
-
-    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
-
-
-_RUNNERS = {"rmsnorm": _rmsnorm_runners, "rotary": _rotary_runners}
-
-
-def _triton_blocker(op: str, shape: tuple) -> str | None:
-    """Why the Triton implementation is out for this shape, or None."""
-    if _triton_version() is None:
-        return "triton not installed"
-    if op == "rmsnorm" and shape:
-        from .rmsnorm import MAX_N
-
-        if shape[-1] > MAX_N:
-            return f"last dimension {shape[-1]} > {MAX_N}: beyond the Triton kernels"
+def _no_blocker(shape: tuple) -> str | None:
     return None
 
 
+def _any_shape(shape: tuple) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The implementations of one op that auto-selection times.
+
+    ``runners(shape, dtype, device, mode, variant)`` returns {implementation: a call to time},
+    one per name of ``IMPLEMENTATIONS``; ``blocker(shape)`` says why Triton cannot take a shape
+    (None when it can); ``check_shape(shape)`` raises ValueError on a shape the op cannot mean."""
+
+    op: str
+    runners: Runners
+    blocker: Callable[[tuple], str | None] = _no_blocker
+    check_shape: Callable[[tuple], None] = _any_shape
+
+
+def _triton_blocker(candidates: Candidates, shape: tuple) -> str | None:
+    """Why the Triton implementation is out for this shape, or None."""
+    if _triton_version() is None:
+        return "triton not installed"
+    return candidates.blocker(shape) if shape else None
+
+
+# Not kernelbench.harness.timing (the library must import without the harness): a short
+# interleaved median is all a per-shape choice needs, without the harness's L2 flush and rounds.
 def cuda_event_timer(runners: dict[str, Callable[[], None]]) -> dict[str, float]:
     """Median ms per runner: WARMUP untimed calls each, then REPS rounds interleaving them."""
     for run in runners.values():
@@ -210,7 +174,7 @@ def _write_entry(key: str, entry: dict) -> None:
 # Public
 # ------------------------------------------------------------------------------------------------
 def autoselect_report(
-    op: str,
+    candidates: Candidates,
     shape: tuple,
     dtype: torch.dtype,
     *,
@@ -220,23 +184,21 @@ def autoselect_report(
     timer: Timer | None = None,
     refresh: bool = False,
 ) -> dict:
-    """Measure (or read from the cache) the implementations of ``op`` for ``shape`` / ``dtype``.
+    """Measure (or read from the cache) the ``candidates`` of an op for ``shape`` / ``dtype``.
 
-    shape: rmsnorm, the input's shape (..., N); rotary, (B, Hq, Hk, S, D, rotary_dim) with
-    ``variant`` "<style>-<layout>" (default "half-bhsd"). ``timer`` replaces CUDA-event timing
+    shape and variant as the op's candidates take them (``kernelbench.nn.autoselect_report``
+    names them by op). ``timer`` replaces CUDA-event timing
     (tests). ``refresh`` measures again and overwrites the cached answer.
 
     Returns {"op", "shape", "dtype", "mode", "variant", "device", "key", "times_ms" (impl ->
     median ms, or None where not measured), "choice", "reason", "source" ("measured", "memory" or
     "file"), "cache_file"}.
     """
-    if op not in OPS:
-        raise ValueError(f"autoselect: unknown op {op!r}; known: {', '.join(OPS)}")
+    op = candidates.op
     if mode not in MODES:
         raise ValueError(f"autoselect: unknown mode {mode!r}; known: {', '.join(MODES)}")
     shape = tuple(int(d) for d in shape)
-    if op == "rotary" and len(shape) != 6:
-        raise ValueError(f"autoselect: rotary shape is (B, Hq, Hk, S, D, rotary_dim), got {shape}")
+    candidates.check_shape(shape)
     if not shape or any(d <= 0 for d in shape):
         raise ValueError(f"autoselect: shape must be non-empty with positive dims, got {shape}")
     if device is None:
@@ -254,16 +216,16 @@ def autoselect_report(
             _memory[key] = stored
             return {**base, **stored, "source": "file"}
 
-    entry = _decide(op, shape, dtype, device, mode, variant, timer)
+    entry = _decide(candidates, shape, dtype, device, mode, variant, timer)
     _memory[key] = entry
     if entry["measured"]:
         _write_entry(key, entry)
     return {**base, **entry, "source": "measured"}
 
 
-def _decide(op, shape, dtype, device, mode, variant, timer) -> dict:
+def _decide(candidates, shape, dtype, device, mode, variant, timer) -> dict:
     global _warned_no_triton
-    blocker = _triton_blocker(op, shape)
+    blocker = _triton_blocker(candidates, shape)
     if blocker == "triton not installed" and not _warned_no_triton:
         log.info("triton not installed; RMSNorm and rotary use PyTorch")
         _warned_no_triton = True
@@ -275,7 +237,7 @@ def _decide(op, shape, dtype, device, mode, variant, timer) -> dict:
             return {"times_ms": {impl: None for impl in IMPLEMENTATIONS}, "choice": "torch",
                     "reason": "no CUDA: timings not measured", "measured": False}
         timer = cuda_event_timer
-    runners = _RUNNERS[op](shape, dtype, device, mode, variant)
+    runners = candidates.runners(shape, dtype, device, mode, variant)
     times = timer(runners)
     choice = min(times, key=times.get)
     others = ", ".join(f"{name} {ms:.4g} ms" for name, ms in times.items() if name != choice)
@@ -290,7 +252,7 @@ _choices: dict[tuple, str] = {}
 
 
 def choose_impl(
-    op: str,
+    candidates: Candidates,
     shape: tuple,
     dtype: torch.dtype,
     device: torch.device | str,
@@ -303,6 +265,7 @@ def choose_impl(
     Under torch.compile nothing here is traced: :func:`compiled_choice` runs once at trace time
     and its answer is a constant of the graph (no guard, no recompilation)."""
     mode = "fwd+bwd" if requires_grad else "fwd"
+    op = candidates.op
     if torch.compiler.is_compiling():
         return compiled_choice(op, dtype, str(device), mode, variant)
     key = (op, shape, dtype, device, mode, variant)
@@ -311,7 +274,8 @@ def choose_impl(
         if math.prod(shape) == 0:
             return "torch"
         device_name = str(torch.device(device))
-        choice = autoselect_report(op, tuple(shape), dtype, mode=mode, variant=variant, device=device_name)["choice"]
+        choice = autoselect_report(candidates, tuple(shape), dtype, mode=mode, variant=variant,
+                                   device=device_name)["choice"]
         _choices[key] = choice
     return choice
 

@@ -1,4 +1,5 @@
-"""Rotary position embeddings on q and k in one Triton launch, forward and backward.
+"""Rotary position embeddings on q and k in one Triton launch, forward and backward:
+``apply_rotary`` and its in-place variant ``apply_rotary_``.
 
 For each head vector x of length D, the first ``rotary_dim`` (= cos.shape[-1]) entries are split
 into pairs (x1, x2) and rotated; the rest pass through unchanged:
@@ -6,62 +7,45 @@ into pairs (x1, x2) and rotated; the rest pass through unchanged:
     style "half" (Hugging Face rotate_half):  x1 = x[j],    x2 = x[j + rotary_dim/2]
     style "interleaved" (GPT-J):              x1 = x[2j],   x2 = x[2j + 1]
 
-    out1 = x1 * cos1 - x2 * sin1            cos1, sin1 = cos[p, index of x1], sin[p, index of x1]
-    out2 = x2 * cos2 + x1 * sin2            cos2, sin2 = cos[p, index of x2], sin[p, index of x2]
+    out = x * cos + rotate(x) * sin
 
-that is, ``out = x * cos + rotate(x) * sin`` with cos / sin of shape (positions, rotary_dim) in
-the "full" layout both styles' reference code builds (so cos1 == cos2 for the usual tables, but
-the kernel does not assume it). p = position_offset (+ per-batch offset) + s, for KV-cache decoding.
-
-Backward is the transposed rotation: dx1 = dy1 * cos1 + dy2 * sin2, dx2 = dy2 * cos2 - dy1 * sin1,
-the forward kernel with (sin1, sin2) replaced by (-sin2, -sin1).
-
-One launch covers q and k: the grid's second axis runs over (batch, head block) of q, then of k;
-a program rotates BLOCK_H heads x BLOCK_S positions and loads the cos / sin tile once for all of
-its heads. Inputs are read through their strides, so (B, H, S, D) and (B, S, H, D) layouts and
-non-contiguous views need no copy. Not in place by default; ``apply_rotary_`` is the in-place
-variant, a ``torch.library`` custom op declaring that it mutates q and k.
-
-``rotary_ref`` is the PyTorch reference (also the ``impl="torch"`` path).
+with cos / sin of shape (positions, rotary_dim) at positions position_offset (+ per-batch offset)
++ s. The kernel, its launch configuration and the custom ops are in
+``kernelbench.nn.rotary_kernels``. ``rotary_ref`` is the PyTorch reference (also the
+``impl="torch"`` path).
 """
 
 from __future__ import annotations
 
-import functools
-import os
-from typing import Optional
+from collections.abc import Callable
 
 import torch
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (autoselect logs it)
-    from ._no_triton import tl, triton
 
-from ..fast_launch import CachedLauncher
+from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
+from .rotary_kernels import (
+    _HAVE_TRITON,
+    LAYOUTS,
+    STYLES,
+    SUPPORTED_DTYPES,
+    RotaryConfig,
+    _bhsd_shape,
+    _check,
+    _check_options_const,
+    _forward,
+    _interpreter,
+    _offsets_for_kernel,
+    _RotaryFunction,
+    _table_2d,
+    _table_for_kernel,
+    _triton_blocker_const,
+    rotary_config,
+    triton_usable,
+)
 
-STYLES = ("half", "interleaved")
-LAYOUTS = ("bhsd", "bshd")
+__all__ = ["IMPLS", "LAYOUTS", "STYLES", "SUPPORTED_DTYPES", "RotaryConfig", "apply_rotary", "apply_rotary_",
+           "rotary_config", "rotary_ref", "triton_usable"]
+
 IMPLS = ("auto", "triton", "torch")
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-# Default tile and cache hint, measured on an H200 (bf16 q (8, 32, 2048, 128), k (8, 8, 2048, 128),
-# forward, scripts/probe_gaps.py, 2026-11-22, against torch.compile's 0.0863 ms in the same runs):
-# 2 heads x 8 positions x 128 dims (2048 elements) at 4 warps with the cos / sin loads marked
-# evict_last, 0.0847-0.0849 ms in four runs, against 0.0900 for session 2's default (1 head x 32
-# positions, no hint). The hint alone gave 0.0895, the tile alone 0.0856: the cos / sin tables
-# (1 MB) are read by every program, and without the hint the streamed q / k push them out of L2.
-# Tiles of 4 x 4 and 2 x 16 (8 warps) were within 2%, 8 x 4 and 1 x 32 5-6% slower, a "whole row"
-# kernel (partner element through a second, L1-hitting load, one store; the way torch.compile's
-# code does it) 15% slower. Odd head counts take one head per program (no masked tiles).
-_ELEMENTS_PER_PROGRAM = 2048
-_DEFAULT_BLOCK_H = 2
-_DEFAULT_NUM_WARPS = 4
-# Head blocks per program (each loads its cos / sin tile once for all of them): 1 = a program per
-# head block, the layout the figures above were measured with.
-_DEFAULT_HEAD_BLOCKS_PER_PROGRAM = 1
-# L2 eviction hint of the cos / sin loads ("" none, "evict_last").
-_DEFAULT_TABLE_EVICT = "evict_last"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,396 +91,6 @@ def rotary_ref(
     return one(q), one(k)
 
 
-# ------------------------------------------------------------------------------------------------
-# Kernel
-# ------------------------------------------------------------------------------------------------
-@triton.jit
-def _rotate_heads(
-    x_ptr, x_sb, x_sh, x_ss, x_sd,  # input (B, H, S, D) through its strides
-    o_ptr, o_sb, o_sh, o_ss, o_sd,  # output, same logical shape
-    b, h0, H, s_idx, s_mask,
-    c1, c2, s1, s2,  # (1, BLOCK_S, BLOCK_HALF) cos / sin tiles, in ACC
-    D,
-    EVEN: tl.constexpr,  # no partial tile (heads, positions, half): loads and stores unmasked
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    COPY_PASS: tl.constexpr,  # copy dims rotary_dim..D to the output (out of place only)
-    ACC: tl.constexpr,
-):
-    heads = h0 + tl.arange(0, BLOCK_H)
-    j = tl.arange(0, BLOCK_HALF)
-    if INTERLEAVED:
-        d1 = 2 * j
-        d2 = 2 * j + 1
-    else:
-        d1 = j
-        d2 = j + HALF
-    mask = (heads < H)[:, None, None] & s_mask[None, :, None] & (j < HALF)[None, None, :]
-    heads = heads.to(tl.int64)
-    s64 = s_idx.to(tl.int64)
-    x_row = x_ptr + b * x_sb + heads[:, None, None] * x_sh + s64[None, :, None] * x_ss
-    o_row = o_ptr + b * o_sb + heads[:, None, None] * o_sh + s64[None, :, None] * o_ss
-    if EVEN:
-        x1 = tl.load(x_row + d1[None, None, :] * x_sd).to(ACC)
-        x2 = tl.load(x_row + d2[None, None, :] * x_sd).to(ACC)
-    else:
-        x1 = tl.load(x_row + d1[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
-        x2 = tl.load(x_row + d2[None, None, :] * x_sd, mask=mask, other=0.0).to(ACC)
-    out1 = (x1 * c1 - x2 * s1).to(o_ptr.dtype.element_ty)
-    out2 = (x2 * c2 + x1 * s2).to(o_ptr.dtype.element_ty)
-    if EVEN:
-        tl.store(o_row + d1[None, None, :] * o_sd, out1)
-        tl.store(o_row + d2[None, None, :] * o_sd, out2)
-    else:
-        tl.store(o_row + d1[None, None, :] * o_sd, out1, mask=mask)
-        tl.store(o_row + d2[None, None, :] * o_sd, out2, mask=mask)
-    if COPY_PASS:
-        dp = 2 * HALF + tl.arange(0, BLOCK_PASS)
-        pmask = (heads < H)[:, None, None] & s_mask[None, :, None] & (dp < D)[None, None, :]
-        xp = tl.load(x_row + dp[None, None, :] * x_sd, mask=pmask, other=0.0)
-        tl.store(o_row + dp[None, None, :] * o_sd, xp, mask=pmask)
-
-
-@triton.jit
-def _rotary_kernel(
-    q_ptr, q_sb, q_sh, q_ss, q_sd,  # q as (B, Hq, S, D), any strides
-    k_ptr, k_sb, k_sh, k_ss, k_sd,  # k as (B, Hk, S, D)
-    qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,  # rotated q (may alias q: in place)
-    ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,  # rotated k
-    cos_ptr, cos_stride,  # (positions, rotary_dim), unit column stride
-    sin_ptr, sin_stride,
-    offsets_ptr,  # (B,) int: per-batch position offsets (HAS_OFFSETS)
-    position_offset,  # int: the offset when there are no per-batch offsets
-    Hq, Hk, S, D,
-    HALF: tl.constexpr,  # rotary_dim / 2
-    BLOCK_H: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    BACKWARD: tl.constexpr,  # rotate by the transposed matrix (gradients)
-    HAS_OFFSETS: tl.constexpr,
-    COPY_PASS: tl.constexpr,
-    EVEN: tl.constexpr,  # BLOCK_H divides Hq and Hk, BLOCK_S divides S, BLOCK_HALF == HALF
-    ACC: tl.constexpr,  # fp32; fp64 for fp64 inputs (gradcheck)
-    HEAD_BLOCKS_PER_PROGRAM: tl.constexpr,  # head blocks a program loops over with one cos / sin tile
-    TABLE_EVICT: tl.constexpr,  # L2 eviction hint of the cos / sin loads ("" none, "evict_last")
-):
-    s_block = tl.program_id(0)
-    bh = tl.program_id(1)
-    q_blocks = tl.cdiv(Hq, BLOCK_H)
-    head_blocks = q_blocks + tl.cdiv(Hk, BLOCK_H)
-    groups = tl.cdiv(head_blocks, HEAD_BLOCKS_PER_PROGRAM)
-    b = bh // groups
-    first_hb = (bh % groups) * HEAD_BLOCKS_PER_PROGRAM
-
-    s_idx = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
-    s_mask = s_idx < S
-    if HAS_OFFSETS:
-        pos = s_idx + tl.load(offsets_ptr + b)
-    else:
-        pos = s_idx + position_offset
-    pos = pos.to(tl.int64)
-    j = tl.arange(0, BLOCK_HALF)
-    if INTERLEAVED:
-        d1 = 2 * j
-        d2 = 2 * j + 1
-    else:
-        d1 = j
-        d2 = j + HALF
-    # Tiles of shape (1, BLOCK_S, BLOCK_HALF): loaded directly in the rank of x's tile, so the
-    # broadcast over heads needs no layout conversion.
-    tmask = s_mask[None, :, None] & (j < HALF)[None, None, :]
-    t_row = pos[None, :, None]
-    if EVEN:
-        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], eviction_policy=TABLE_EVICT).to(ACC)
-    else:
-        c1 = tl.load(cos_ptr + t_row * cos_stride + d1[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
-        c2 = tl.load(cos_ptr + t_row * cos_stride + d2[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
-        s1 = tl.load(sin_ptr + t_row * sin_stride + d1[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
-        s2 = tl.load(sin_ptr + t_row * sin_stride + d2[None, None, :], mask=tmask, other=0.0,
-                     eviction_policy=TABLE_EVICT).to(ACC)
-    if BACKWARD:
-        s1, s2 = -s2, -s1
-
-    b = b.to(tl.int64)
-    for i in range(HEAD_BLOCKS_PER_PROGRAM):
-        hb = first_hb + i
-        if hb < q_blocks:
-            _rotate_heads(q_ptr, q_sb, q_sh, q_ss, q_sd, qo_ptr, qo_sb, qo_sh, qo_ss, qo_sd,
-                          b, hb * BLOCK_H, Hq, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
-        elif hb < head_blocks:
-            _rotate_heads(k_ptr, k_sb, k_sh, k_ss, k_sd, ko_ptr, ko_sb, ko_sh, ko_ss, ko_sd,
-                          b, (hb - q_blocks) * BLOCK_H, Hk, s_idx, s_mask, c1, c2, s1, s2, D,
-                          EVEN, HALF, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COPY_PASS, ACC)
-
-
-# ------------------------------------------------------------------------------------------------
-# Launch
-# ------------------------------------------------------------------------------------------------
-def _table_2d(t: torch.Tensor) -> torch.Tensor:
-    """cos / sin as (positions, rotary_dim): leading singleton dims (HF's (1, S, D)) dropped."""
-    while t.dim() > 2 and t.shape[0] == 1:
-        t = t[0]
-    return t
-
-
-def _bhsd_shape(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
-    """t's (B, H, S, D) sizes, without making a transposed view."""
-    b, d1, d2, d = t.shape
-    return (b, d1, d2, d) if layout == "bhsd" else (b, d2, d1, d)
-
-
-def _bhsd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
-    sb, s1, s2, sd = t.stride()
-    return (sb, s1, s2, sd) if layout == "bhsd" else (sb, s2, s1, sd)
-
-
-# Launchers by everything that decides the grid and the compile-time arguments, so a call with a
-# shape seen before does no configuration work and skips Triton's per-launch argument binding.
-# Bounded: shapes that change every step (sequence lengths) drop the oldest.
-_MAX_LAUNCHERS = 256
-_launchers: dict[tuple, CachedLauncher] = {}
-
-
-def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
-            layout="bhsd", block_h=None, block_s=None, num_warps=None, heads_per_program=None,
-            table_evict=None):
-    """q, k, q_out, k_out in ``layout``; cos / sin (positions, rotary_dim). block_h, block_s,
-    num_warps and heads_per_program (head blocks one program loops over, reusing its cos / sin
-    tile) override the defaults (scripts/probe_nn.py sweeps them)."""
-    batch, hq, seq, dim = _bhsd_shape(q, layout)
-    hk = _bhsd_shape(k, layout)[1]
-    key = (batch, hq, hk, seq, dim, cos.shape[-1], q.dtype, q.get_device(), interleaved, backward, copy_pass,
-           offsets is not None, block_h, block_s, num_warps, heads_per_program,
-           _DEFAULT_TABLE_EVICT if table_evict is None else table_evict)
-    launch = _launchers.get(key)
-    if launch is None:
-        if len(_launchers) >= _MAX_LAUNCHERS:
-            del _launchers[next(iter(_launchers))]
-        launch = _launchers[key] = _launcher(*key)
-    launch(
-        q, *_bhsd_strides(q, layout), k, *_bhsd_strides(k, layout),
-        q_out, *_bhsd_strides(q_out, layout), k_out, *_bhsd_strides(k_out, layout),
-        cos, cos.stride(0), sin, sin.stride(0),
-        offsets if offsets is not None else cos, position_offset,
-        hq, hk, seq, dim,
-    )
-
-
-def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              block_h, block_s, num_warps, heads_per_program, table_evict) -> CachedLauncher:
-    half = rot // 2
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
-    block_half = triton.next_power_of_2(half)
-    if block_h is None:
-        block_h = _DEFAULT_BLOCK_H if hq % _DEFAULT_BLOCK_H == 0 and hk % _DEFAULT_BLOCK_H == 0 else 1
-    if block_s is None:
-        block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
-    if num_warps is None:
-        num_warps = _DEFAULT_NUM_WARPS
-    even = seq % block_s == 0 and hq % block_h == 0 and hk % block_h == 0 and block_half == half
-    block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
-    head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
-    if heads_per_program is None:
-        heads_per_program = _DEFAULT_HEAD_BLOCKS_PER_PROGRAM
-    heads_per_program = min(heads_per_program, head_blocks)
-    grid = (triton.cdiv(seq, block_s), batch * triton.cdiv(head_blocks, heads_per_program))
-    return CachedLauncher(
-        _rotary_kernel, grid,
-        HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
-        INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
-        COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc,
-        HEAD_BLOCKS_PER_PROGRAM=heads_per_program, TABLE_EVICT=table_evict, num_warps=num_warps,
-    )
-
-
-def _forward(q, k, cos, sin, offsets, position_offset, interleaved, layout):
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
-            copy_pass=True, layout=layout)
-    return q_out, k_out
-
-
-class _RotaryFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, offsets, position_offset, style, layout):
-        interleaved = style == "interleaved"
-        ctx.save_for_backward(cos, sin, offsets)
-        ctx.position_offset, ctx.interleaved, ctx.layout = position_offset, interleaved, layout
-        return _forward(q, k, cos, sin, offsets, position_offset, interleaved, layout)
-
-    @staticmethod
-    def backward(ctx, dq_out, dk_out):
-        cos, sin, offsets = ctx.saved_tensors
-        dq, dk = torch.empty_like(dq_out), torch.empty_like(dk_out)
-        _launch(dq_out, dk_out, dq, dk, cos, sin, offsets, ctx.position_offset, interleaved=ctx.interleaved,
-                backward=True, copy_pass=True, layout=ctx.layout)
-        return dq, dk, None, None, None, None, None, None
-
-
-# ------------------------------------------------------------------------------------------------
-# torch.library custom op: what torch.compile sees (fake and autograd formula registered; the
-# body runs the same launch as eager)
-# ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("kernelbench::rotary", mutates_args=())
-def _rotary_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offsets: Optional[torch.Tensor],
-    position_offset: int, interleaved: bool, bshd: bool, backward: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated (q, k), new tensors; ``backward`` rotates by the transposed matrix (gradients)."""
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved, backward=backward,
-            copy_pass=True, layout="bshd" if bshd else "bhsd")
-    return q_out, k_out
-
-
-@_rotary_op.register_fake
-def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd, backward):
-    # Tracing runs this on every call: bad input fails here with the eager error's text (a
-    # per-batch offsets tensor is checked for its shape; its values are unknown while tracing).
-    _check(q, k, cos, sin, "interleaved" if interleaved else "half", "bshd" if bshd else "bhsd",
-           offsets if offsets is not None else position_offset)
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-def _rotary_op_setup_context(ctx, inputs, output):
-    _, _, cos, sin, offsets, position_offset, interleaved, bshd, _ = inputs
-    ctx.save_for_backward(cos, sin, offsets)
-    ctx.args = (position_offset, interleaved, bshd)
-
-
-def _rotary_op_backward(ctx, dq_out, dk_out):
-    cos, sin, offsets = ctx.saved_tensors
-    dq, dk = torch.ops.kernelbench.rotary(dq_out, dk_out, cos, sin, offsets, *ctx.args, True)
-    return dq, dk, None, None, None, None, None, None, None
-
-
-_rotary_op.register_autograd(_rotary_op_backward, setup_context=_rotary_op_setup_context)
-
-
-@torch.compiler.assume_constant_result
-def _triton_blocker_const(is_cuda: bool, caller: str) -> bool:
-    """For a traced call, at trace time: raise when the Triton kernel cannot run here."""
-    why_not = None
-    if not getattr(triton, "available", True):
-        why_not = "triton not installed"
-    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    if why_not:
-        raise ValueError(f"{caller}: {why_not}; use impl='torch' or impl='auto'")
-    return True
-
-
-@torch.compiler.assume_constant_result
-def _check_options_const(style: str, layout: str) -> bool:
-    """The string options of a traced call, checked at trace time (they are constants there)."""
-    if style not in STYLES:
-        raise ValueError(f"apply_rotary: style must be one of {', '.join(STYLES)}, got {style!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"apply_rotary: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    return True
-
-
-# ------------------------------------------------------------------------------------------------
-# Public API
-# ------------------------------------------------------------------------------------------------
-def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate; return cos / sin as 2-D tables."""
-    if style not in STYLES:
-        raise ValueError(f"apply_rotary: style must be one of {', '.join(STYLES)}, got {style!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"apply_rotary: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    for name, t in (("q", q), ("k", k)):
-        if t.dim() != 4:
-            raise ValueError(f"apply_rotary: {name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"apply_rotary: unsupported dtype {t.dtype} for {name}; accepted: float32, bfloat16, float16, float64")
-    if q.dtype != k.dtype or q.device != k.device:
-        raise ValueError(f"apply_rotary: q ({q.dtype}, {q.device}) and k ({k.dtype}, {k.device}) must match")
-    qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
-    if (qb[0], qb[2], qb[3]) != (kb[0], kb[2], kb[3]):
-        raise ValueError(
-            f"apply_rotary: q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must share batch, "
-            "sequence and head dimension"
-        )
-    cos, sin = _table_2d(cos), _table_2d(sin)
-    if cos.dim() != 2 or cos.shape != sin.shape:
-        raise ValueError(
-            f"apply_rotary: cos and sin must both be (positions, rotary_dim) (leading 1s allowed), got "
-            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
-        )
-    if not cos.is_floating_point() or not sin.is_floating_point():
-        raise TypeError(f"apply_rotary: cos / sin must be floating point, got {cos.dtype} / {sin.dtype}")
-    if cos.device != q.device or sin.device != q.device:
-        raise ValueError(f"apply_rotary: cos / sin are on {cos.device}, q on {q.device}")
-    rot, head_dim, seq = cos.shape[-1], qb[3], qb[2]
-    if rot > head_dim:
-        raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) is larger than the head dimension {head_dim}")
-    if rot % 2 or rot == 0:
-        raise ValueError(f"apply_rotary: rotary dimension {rot} (cos.shape[-1]) must be even and positive")
-    if isinstance(position_offset, torch.Tensor):
-        if position_offset.shape != (qb[0],) or position_offset.is_floating_point():
-            raise ValueError(
-                f"apply_rotary: position_offset tensor must be integer of shape ({qb[0]},), got "
-                f"{position_offset.dtype} {tuple(position_offset.shape)}"
-            )
-        if isinstance(position_offset, torch._subclasses.FakeTensor) or torch.compiler.is_compiling():
-            # A traced tensor's values are unknown: only the sequence itself is checked.
-            lo, hi = 0, 0
-        else:
-            # One host sync: an out-of-range offset would otherwise read past cos / sin.
-            lo, hi = int(position_offset.min()), int(position_offset.max())
-    else:
-        lo = hi = int(position_offset)
-    if lo < 0:
-        raise ValueError(f"apply_rotary: position offsets must be >= 0, got {lo}")
-    if hi + seq > cos.shape[0]:
-        raise ValueError(
-            f"apply_rotary: cos / sin have {cos.shape[0]} positions, shorter than the {hi + seq} needed "
-            f"(offset {hi} + sequence length {seq})"
-        )
-    return cos, sin
-
-
-def triton_usable(q: torch.Tensor) -> str | None:
-    """Why the Triton path cannot take ``q`` here, or None when it can."""
-    if not getattr(triton, "available", True):
-        return "triton not installed"
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    return None
-
-
-_HAVE_TRITON = getattr(triton, "available", True)
-
-
-@functools.lru_cache(maxsize=1)
-def _interpreter() -> bool:
-    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
-    return _HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _table_for_kernel(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _offsets_for_kernel(position_offset, device) -> tuple[torch.Tensor | None, int]:
-    if isinstance(position_offset, torch.Tensor):
-        return position_offset.to(device=device, dtype=torch.int64).contiguous(), 0
-    return None, int(position_offset)
-
-
 def apply_rotary(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -525,12 +119,10 @@ def apply_rotary(
     else:
         cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
     if impl == "auto":
-        from .autoselect import choose_impl
-
         qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
         shape = (qb[0], qb[1], kb[1], qb[2], qb[3], cos.shape[-1])
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-        impl = choose_impl("rotary", shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
+        impl = choose_impl(AUTOSELECT, shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
     if impl == "torch":
         return rotary_ref(q, k, cos, sin, style=style, layout=layout, position_offset=position_offset)
     if torch.compiler.is_compiling():
@@ -546,23 +138,6 @@ def apply_rotary(
         return _RotaryFunction.apply(q, k, cos, sin, offsets, offset, style, layout)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
     return _forward(q, k, cos, sin, offsets, offset, style == "interleaved", layout)
-
-
-@torch.library.custom_op("kernelbench::rotary_", mutates_args=("q", "k"))
-def _rotary_inplace_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    offsets: torch.Tensor | None, position_offset: int, interleaved: bool, bshd: bool,
-) -> None:
-    # In place: each program loads its x1 / x2 before storing them; pass-through dims stay as they are.
-    _launch(q, k, q, k, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
-            copy_pass=False, layout="bshd" if bshd else "bhsd")
-
-
-@_rotary_inplace_op.register_fake
-def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd) -> None:
-    _check(q, k, cos, sin, "interleaved" if interleaved else "half", "bshd" if bshd else "bhsd",
-           offsets if offsets is not None else position_offset)
-    return None
 
 
 def apply_rotary_(
@@ -593,3 +168,45 @@ def apply_rotary_(
     torch.ops.kernelbench.rotary_(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
                                   style == "interleaved", layout == "bshd")
     return q, k
+
+
+# ------------------------------------------------------------------------------------------------
+# What impl="auto" times
+# ------------------------------------------------------------------------------------------------
+def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
+                        variant: str) -> dict[str, Callable[[], None]]:
+    batch, hq, hk, seq, dim, rot = shape
+    style, layout = (variant or "half-bhsd").split("-")
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def make(heads: int) -> torch.Tensor:
+        dims = (batch, heads, seq, dim) if layout == "bhsd" else (batch, seq, heads, dim)
+        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    q, k = make(hq), make(hk)
+    angles = torch.rand((seq, rot), generator=gen, device=device) * 6.0
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    backward = mode == "fwd+bwd"
+    if backward:
+        q.requires_grad_(True)
+        k.requires_grad_(True)
+        dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def runner(impl: str) -> Callable[[], None]:
+        def run() -> None:
+            qo, ko = apply_rotary(q, k, cos, sin, style=style, layout=layout, impl=impl)
+            if backward:
+                q.grad = k.grad = None
+                torch.autograd.backward((qo, ko), (dq, dk))
+
+        return run
+
+    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
+
+
+def _autoselect_check_shape(shape: tuple) -> None:
+    if len(shape) != 6:
+        raise ValueError(f"autoselect: rotary shape is (B, Hq, Hk, S, D, rotary_dim), got {shape}")
+
+
+AUTOSELECT = Candidates("rotary", _autoselect_runners, check_shape=_autoselect_check_shape)

@@ -5,7 +5,8 @@ autoselect measuring on CUDA."""
 import pytest
 import torch
 
-from kernelbench.nn.rmsnorm import rms_norm, rmsnorm_ref
+from kernelbench.nn.rmsnorm import rms_norm, rmsnorm_ref_fp32
+from kernelbench.nn.rmsnorm_kernels import BwdConfig, FwdConfig
 from kernelbench.nn.rotary import apply_rotary, apply_rotary_, rotary_ref
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +34,7 @@ def test_rmsnorm_bf16_against_fp32(shape, residual):
 
     leaves = [t for t in (x, w, r) if t is not None]
     ref_leaves = [t.detach().float().requires_grad_(True) for t in leaves]
-    ref = rmsnorm_ref(ref_leaves[0], ref_leaves[1], 1e-6, ref_leaves[2] if residual else None)
+    ref = rmsnorm_ref_fp32(ref_leaves[0], ref_leaves[1], 1e-6, ref_leaves[2] if residual else None)
     refs = ref if isinstance(ref, tuple) else (ref,)
     torch.autograd.backward(refs, [g.float() for g in grads])
     y_err = max_abs(outs[0], refs[0])
@@ -85,7 +86,8 @@ def test_in_place_rotary_under_torch_compile():
 
 def test_autoselect_measures_on_cuda(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))
-    from kernelbench.nn.autoselect import autoselect_report, clear_memory_cache
+    from kernelbench.nn import autoselect_report
+    from kernelbench.nn.autoselect import clear_memory_cache
 
     clear_memory_cache()
     report = autoselect_report("rmsnorm", (16, 2048, 4096), torch.bfloat16)
@@ -100,23 +102,22 @@ def test_autoselect_measures_on_cuda(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fwd_cfg, bwd_cfg", [
-    ({}, {}),
-    ({}, {"prefetch": False}),
-    ({"programs_per_sm": 4}, {"num_warps": 16, "programs_per_sm": 2, "prefetch": True}),
-    ({"block_m": 2, "num_warps": 16}, {"block_m": 2, "num_warps": 16, "prefetch": True}),
-])
-def test_rmsnorm_tuning_configs_on_gpu(fwd_cfg, bwd_cfg):
-    """The configs scripts/probe_nn.py sweeps compute the same as the fp32 reference (compiled)."""
-    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+    (None, None),
+    (FwdConfig(2, 4096, True, 16), BwdConfig("rows", 2, 4096, 16, programs_per_sm=2)),
+    (FwdConfig(1, 1024, False, 4), BwdConfig("two-pass", 1, 2048, 8)),
+], ids=["default", "rows2", "two-pass"])
+def test_rmsnorm_launch_configs_on_gpu(fwd_cfg, bwd_cfg):
+    """Launch configs other than the defaults compute the same as the fp32 reference (compiled)."""
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(4099, 4096, generator=gen, device="cuda").bfloat16()
     w = (1 + 0.1 * torch.randn(4096, generator=gen, device="cuda")).bfloat16()
     dy = torch.randn(4099, 4096, generator=gen, device="cuda").bfloat16()
-    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, **fwd_cfg)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, **bwd_cfg)
+    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, config=fwd_cfg)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, config=bwd_cfg)
     xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
-    ref = rmsnorm_ref(xf, wf, 1e-6)
+    ref = rmsnorm_ref_fp32(xf, wf, 1e-6)
     ref.backward(dy.float())
     assert max_abs(y, ref) <= 2e-2 * ref.abs().max().item()
     assert rel_fro(dx, xf.grad) < 5e-3 and rel_fro(dw, wf.grad) < 5e-3
@@ -124,7 +125,7 @@ def test_rmsnorm_tuning_configs_on_gpu(fwd_cfg, bwd_cfg):
 
 def test_backward_grid_reads_occupancy():
     """The persistent backward's programs per SM come from the compiled kernel (1 to 8 at 8 warps)."""
-    from kernelbench.nn import rmsnorm as mod
+    from kernelbench.nn import rmsnorm_kernels as mod
 
     x = torch.randn(8192, 4096, device="cuda").bfloat16()
     mod._rmsnorm_bwd(x, torch.ones(4096, device="cuda").bfloat16(), torch.ones(8192, device="cuda"), x, None)
@@ -134,30 +135,23 @@ def test_backward_grid_reads_occupancy():
 
 
 @pytest.mark.parametrize("shape, cfg", [
-    ((1024, 16384), {"wide_splits": 1, "num_warps": 16, "stages": 2}),
-    ((1024, 16384), {"wide_splits": 1, "num_warps": 32}),
-    ((777, 12000), {"wide_splits": 1, "num_warps": 16, "prefetch": True}),
-    ((777, 12000), {}),  # the default for 8192 < N <= 16384: wide, 1 split, 32 warps
-    ((512, 32768), {"wide_splits": 2, "num_warps": 16}),
-    ((256, 65536), {"wide_splits": 4, "num_warps": 16}),
-    # dw accumulated in the two-pass dx kernel (one fp32 partial row per program, L2 read-modify-write);
-    # more rows than programs, so each partial row is added to after its first row
-    ((513, 32768), {"dw_in_dx": True, "programs_per_sm": 1, "num_warps": 16}),
-    ((513, 32768), {"dw_in_dx": True, "programs_per_sm": 2, "num_warps": 8, "chunk_n": 4096}),
-    ((601, 65536), {"dw_in_dx": True, "programs_per_sm": 2, "num_warps": 16, "reverse_pass2": True}),
-    ((601, 65536), {"dw_in_dx": False, "reverse_pass2": True}),
-    ((300, 30000), {"dw_in_dx": True, "programs_per_sm": 1, "num_warps": 32, "chunk_n": 16384}),  # N not 2^k
+    ((1024, 16384), BwdConfig("wide", 1, 16384, 16)),
+    ((1024, 16384), None),  # the default for 8192 < N <= 16384: wide, 32 warps
+    ((777, 12000), None),
+    ((513, 32768), None),  # two passes, dw from the column kernel
+    ((601, 65536), BwdConfig("two-pass", 1, 8192, 16, programs_per_sm=1)),
+    ((300, 30000), BwdConfig("two-pass", 1, 16384, 32)),  # N not 2^k
 ])
 def test_rmsnorm_wide_backward_on_gpu(shape, cfg):
-    """The 'wide' case's backward configs (scripts/probe_nn.py) against the fp32 reference, compiled."""
-    from kernelbench.nn.rmsnorm import _rmsnorm_bwd, _rmsnorm_fwd
+    """The wide rows' backward configs against the fp32 reference."""
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
 
     gen = torch.Generator(device="cuda").manual_seed(4)
     x = torch.randn(shape, generator=gen, device="cuda").bfloat16()
     w = (1 + 0.1 * torch.randn(shape[1], generator=gen, device="cuda")).bfloat16()
     dy = torch.randn(shape, generator=gen, device="cuda").bfloat16()
     _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, **cfg)
+    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, config=cfg)
     xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
-    rmsnorm_ref(xf, wf, 1e-6).backward(dy.float())
+    rmsnorm_ref_fp32(xf, wf, 1e-6).backward(dy.float())
     assert rel_fro(dx, xf.grad) < 5e-3 and rel_fro(dw, wf.grad) < 5e-3
