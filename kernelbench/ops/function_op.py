@@ -5,7 +5,7 @@ inputs as keyword arguments and returns a tensor or a tuple of tensors (named by
 
     @rmsnorm.candidate("torch-compile")
     def torch_compile():
-        return compile_anchor(rmsnorm_ref)
+        return compile_anchor(rmsnorm_ref_hf)
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm_ref_hf(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's Llama RMSNorm: statistics in fp32, scaled back in the input dtype."""
     import torch
 
@@ -69,7 +69,7 @@ rmsnorm = FunctionOp(
     ],
     speed_anchor="torch-compile",
     make_inputs=_inputs,
-    reference=rmsnorm_ref,
+    reference=rmsnorm_ref_hf,
     outputs=("y",),
     grad_inputs=("x", "weight"),
     modes=("fwd", "fwd+bwd"),
@@ -88,7 +88,7 @@ rmsnorm = FunctionOp(
 @rmsnorm.candidate("torch-eager", baseline=True)
 def torch_eager():
     """Hugging Face-style eager RMSNorm, fp32 statistics."""
-    return rmsnorm_ref
+    return rmsnorm_ref_hf
 
 
 @rmsnorm.candidate("torch-rms-norm", baseline=True)
@@ -102,7 +102,7 @@ def torch_rms_norm():
 @rmsnorm.candidate("torch-compile", baseline=True)
 def torch_compile():
     """torch.compile of the eager RMSNorm."""
-    return compile_anchor(rmsnorm_ref)
+    return compile_anchor(rmsnorm_ref_hf)
 
 
 @rmsnorm.candidate("triton", requires=Requires(triton=True))
