@@ -21,8 +21,8 @@ goes through the layer set too, so an implementation that fuses it (kernelbench'
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
