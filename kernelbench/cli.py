@@ -23,6 +23,7 @@ import typer
 
 from .ops import get_op, load_all
 from .ops.base import UsageError
+from .ops.launched_op import LaunchedOp, OpOption
 from .report.output import Format, Output
 
 
@@ -148,6 +149,40 @@ ParityDetailOpt = Annotated[str, typer.Option(
     help="worst: per-tensor parity rows only for failing tensors and the 3 worst per measure; full: every tensor.")]
 
 
+# Options only some ops take (dist-adamw's --nproc...): declared by those ops, checked through them.
+def _launched_ops() -> list[LaunchedOp]:
+    return [op for op in load_all().values() if isinstance(op, LaunchedOp)]
+
+
+_OP_OPTION_FLAGS = tuple(dict.fromkeys(flag for op in _launched_ops() for flag in op.options))
+
+
+def _option_owners(flag: str) -> list[LaunchedOp]:
+    return [op for op in _launched_ops() if flag in op.options]
+
+
+def _option_owner(flag: str) -> OpOption:
+    return _option_owners(flag)[0].options[flag]
+
+
+def _op_option_help(flag: str) -> str:
+    owners = _option_owners(flag)
+    if not owners:
+        return "(no op takes it)"
+    return f"{', '.join(o.name for o in owners)} only: {owners[0].options[flag].help}"
+
+
+def _foreign_options_error(given: dict) -> str:
+    """Options of other ops given to an op that does not take them: whose they are, and any look-alike."""
+    by_owner: dict[str, list[str]] = {}
+    for flag in given:
+        by_owner.setdefault(", ".join(o.name for o in _option_owners(flag)), []).append(flag)
+    parts = [f"{', '.join(flags)}: {owner} options only (kernelbench run {owner.split(',')[0]} ...)"
+             for owner, flags in by_owner.items()]
+    hints = [_option_owner(flag).elsewhere_hint for flag in given if _option_owner(flag).elsewhere_hint]
+    return "; ".join(parts + hints)
+
+
 # ------------------------------------------------------------------------------------------------
 def _nvidia_device_present() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
@@ -181,22 +216,12 @@ def list_cmd(device: DeviceOpt = "auto",
     rows = []
     for op in load_all().values():
         for cand in op.candidates.values():
-            unmet = cand.requires.unmet(dev)
-            runs = (f"no: {unmet}" if unmet else
-                    "interpreter: parity only" if cand.requires.interpreted(dev) else "yes")
             role = ", ".join(r for r, on in (("reference", cand.name == op.reference),
                                               ("anchor", cand.name == op.speed_anchor),
                                               ("baseline", cand.baseline)) if on)
             rows.append({"op": op.name, "candidate": cand.name,
                          "tags": ", ".join(f"{k}={v}" for k, v in cand.tags.items()),
-                         "role": role, "runs here": runs, "what": cand.doc})
-    # dist-adamw runs several processes, so it is no registry op; listed here all the same.
-    gpus = _gpu_count() if dev == "cuda" else 0
-    rows.append({"op": DIST_OP, "candidate": "sharded-zero1, allreduce+torch-fused", "tags": "", "role": "",
-                 "runs here": ("yes" if gpus >= 2 else
-                               "CPU ranks on Gloo: a run-through, not a measurement" if gpus == 0 else
-                               f"no: needs 2 GPUs, {gpus} visible"),
-                 "what": "ShardedAdamW vs all-reduce + fused AdamW: kernelbench run dist-adamw --nproc N"})
+                         "role": role, "runs here": op.availability(cand, dev), "what": cand.doc})
     out.table(f"kernelbench candidates (device: {dev})", rows, name="candidates")
     if workloads:
         wrows = [{"op": op.name, "workload": w.name, "tier": w.tier, "modes": ", ".join(op.modes()), "seed": w.seed}
@@ -322,6 +347,8 @@ def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, 
     from .report.tables import bench_table, parity_table
     from .report.writer import default_output_dir
 
+    launched = [e for e in bench_entries if isinstance(get_op(e.op), LaunchedOp)]
+    bench_entries = [e for e in bench_entries if e not in launched]
     with usage_errors(out):
         dev = resolve_device(settings.get("device", device) if device == "auto" else device)
         bench_plan = _plan(bench_entries, dev, seed)
@@ -353,6 +380,8 @@ def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, 
                     summaries.append(run_benchmarks(bench_plan, dev, writer, timing=timing,
                                                     rounds=int(settings.get("rounds", 3)), telemetry=telemetry,
                                                     on_progress=on_progress))
+                for entry in launched:
+                    _launch_entry(out, writer, folder, get_op(entry.op), entry.workloads, dev, on_progress)
                 for entry, plan in parity_plans:
                     summaries.append(run_parity(plan, dev, writer, steps=entry.steps, atol=entry.atol,
                                                 rtol=entry.rtol, detail=detail, on_progress=on_progress))
@@ -394,10 +423,11 @@ def run(
     parity_steps: Annotated[Optional[int], typer.Option(help="With an op: also check parity over this many optimizer steps / input draws (the parity command's --steps) [default: no parity].")] = None,
     parity_detail: ParityDetailOpt = "worst",
     telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry (adam-mini): record max |update|, max |m|, fp8 scales after the timed steps.")] = False,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help="dist-adamw only: ranks to start through torch.distributed.run [default: 2].")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="dist-adamw only: timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. For parity steps of other ops see --parity-steps.")] = None,
-    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB, > 0 (default: ShardedAdamW's, 256 with a gather group, 1024 without).")] = None,
-    gather_group: Annotated[Optional[bool], typer.Option("--gather-group/--no-gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters [default: on].")] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=_op_option_help("--nproc"))] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help=_op_option_help("--steps"))] = None,
+    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help=_op_option_help("--bucket-mb"))] = None,
+    gather_group: Annotated[Optional[bool], typer.Option("--gather-group/--no-gather-group",
+                                                         help=_op_option_help("--gather-group"))] = None,
     seed: SeedOpt = None,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
@@ -417,37 +447,36 @@ def run(
         ("--nproc", nproc), ("--steps", steps), ("--bucket-mb", bucket_mb), ("--gather-group", gather_group),
         ("--seed", seed), ("--config", config),
         ("--parity-detail", None if parity_detail == "worst" else parity_detail)) if value is not None}
-    dist_only = [k for k in ("--nproc", "--steps", "--bucket-mb", "--gather-group") if k in given]
+    op_options = {k: given[k] for k in _OP_OPTION_FLAGS if k in given}
+    target = None
     with usage_errors(out):
         check_range("--rounds", rounds, minimum=1)
         check_range("--rep-ms", rep_ms, above=0)
         check_range("--warmup-ms", warmup_ms, minimum=0)
         check_range("--parity-steps", parity_steps, minimum=0)
-        check_range("--nproc", nproc, minimum=1)
-        check_range("--steps", steps, minimum=1)
-        check_range("--bucket-mb", bucket_mb, above=0)
+        for flag, value in op_options.items():
+            _option_owner(flag).check(value)
         if parity_detail not in ("worst", "full"):
             raise UsageError(f"--parity-detail {parity_detail}: accepted: worst, full")
         check_output_dir(output_dir)
         if op is not None and config is not None:
             raise UsageError("give an op or --config, not both")
-        if op == DIST_OP:
-            wrong = [k for k in given if k not in ("-w/--workload", "--nproc", "--steps", "--bucket-mb", "--gather-group")]
+        target = get_op(op) if op is not None else None
+        if isinstance(target, LaunchedOp):
+            wrong = [k for k in given if k not in target.takes and k not in target.options]
             if wrong:
-                raise UsageError(f"{', '.join(wrong)}: not accepted by dist-adamw, which takes -w, --device, -o, "
-                                 "--format, --nproc, --steps, --bucket-mb and --gather-group/--no-gather-group")
-        elif dist_only:
-            raise UsageError(f"{', '.join(dist_only)}: dist-adamw options only (kernelbench run dist-adamw ...)"
-                             + ("; parity steps are --parity-steps" if "--steps" in dist_only else ""))
+                raise UsageError(f"{', '.join(wrong)}: not accepted by {target.name}, which takes "
+                                 f"{target.accepted_text()}")
+        elif op_options:
+            raise UsageError(_foreign_options_error(op_options))
         if op is None:
             chooses = [k for k in ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry",
                                    "--parity-steps") if k in given]
             if chooses:
                 raise UsageError(f"{', '.join(chooses)}: choose what runs, so they need an op "
                                  "(kernelbench run OP ...); a suite's [[bench]] / [[parity]] tables choose for it")
-    if op == DIST_OP:
-        _run_distributed(out, device, nproc or 2, workload, steps, bucket_mb,
-                         True if gather_group is None else gather_group, output_dir)
+    if isinstance(target, LaunchedOp):
+        _run_launched(out, target, device, workload, op_options, output_dir)
         return
     from .config import Entry, configs_dir, load_suite
 
@@ -481,81 +510,64 @@ def run(
     _execute(out, "run", label, bench, parity, settings, device, output_dir, seed or 0, telemetry, parity_detail)
 
 
-DIST_OP = "dist-adamw"
+def _launch_entry(out: Output, writer, folder: Path, op: LaunchedOp, workloads: Optional[list[str]], dev: str,
+                  on_progress, given: Optional[dict] = None) -> None:
+    """Every workload of one launched op's entry into the report; a failed launch is an error row."""
+    names = [op.workload(name).name for name in workloads] if workloads else [
+        w.name for w in op.workloads_for("gpu" if dev == "cuda" else "cpu")]
+    settings = op.settings(dev, given or {})
+    runner = op.load_runner()
+    for name in names:
+        on_progress(op.progress_text(name, settings))
+        rows, error = runner(op, name, dev, folder, settings)
+        for row in rows:
+            writer.add(row)
+        if error:
+            out.error(error)
 
 
-def _run_distributed(out: Output, device: str, nproc: int, workloads: Optional[list[str]], steps: Optional[int],
-                     bucket_mb: Optional[float], gather_group: bool, output_dir: Optional[Path]) -> None:
-    """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
-    from .dist.launch import CPU_WORKLOAD, launch, result_rows
+def _run_launched(out: Output, op: LaunchedOp, device: str, workloads: Optional[list[str]], given: dict,
+                  output_dir: Optional[Path]) -> None:
+    """An op that starts its own processes: one launch per workload; each becomes report rows."""
     from .harness.envinfo import fingerprint
+    from .harness.runner import resolve_device
     from .report.tables import bench_table
     from .report.writer import default_output_dir
 
-    if device not in ("auto", "cpu", "cuda"):
-        raise fail(out, f"--device {device}: accepted values are cpu, cuda, auto")
-    cuda = _cuda_visible()
-    if device == "cuda" and not cuda:
-        raise fail(out, "--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
-    dev = "cuda" if cuda and device != "cpu" else "cpu"
-    if dev == "cpu":
-        out.note("dist-adamw on CPU ranks (Gloo, Triton interpreter): a run-through, not a measurement; "
-                 f"default workload {CPU_WORKLOAD}.", "yellow")
-    default_workloads, default_steps = dist_defaults(dev)
-    workloads, steps = workloads or default_workloads, steps or default_steps
-    folder = output_dir or default_output_dir("run", DIST_OP)
+    with usage_errors(out):
+        dev = resolve_device(device)
+        for name in workloads or []:
+            op.workload(name)
+    note = op.device_note(dev)
+    if note:
+        out.note(note, "yellow")
+    settings = op.settings(dev, given)
+    folder = output_dir or default_output_dir("run", op.name)
     outcome, interruption = "failed", None
     with interrupts():
-        writer = _open_report(out, folder, fingerprint(dev, 0), "run",
-                              {"nproc": nproc, "steps": steps, "bucket_mb": bucket_mb, "gather_group": gather_group})
+        writer = _open_report(out, folder, fingerprint(dev, 0), "run", settings)
         try:
-            for name in workloads:
-                with usage_errors(out), _progress(out) as on_progress:
-                    on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
-                    try:
-                        result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb,
-                                        gather_group=gather_group, cpu=dev == "cpu")
-                    except RuntimeError as exc:
-                        writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
-                                    "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",
-                                    "flags": "", "tensor": "", "message": str(exc)[-2000:]})
-                        out.error(str(exc).splitlines()[0])
-                        continue
-                for row in result_rows(result):
-                    writer.add(row)
+            with usage_errors(out), _progress(out) as on_progress:
+                _launch_entry(out, writer, folder, op, workloads, dev, on_progress, given)
             outcome = "complete"
         except KeyboardInterrupt as exc:
             outcome, interruption = "interrupted", interruption_name(exc)
         finally:
             writer.close(outcome, interruption)
-    out.table(f"run: {DIST_OP}", bench_table(writer.frame()), name="speed")
+    out.table(f"run: {op.name}", bench_table(writer.frame()), name="speed")
     out.flush()
     out.note(f"Report: {folder}")
     if interruption:
         raise fail(out, f"interrupted by {interruption}: the ranks were stopped; {folder} says so",
                    interruption_code(interruption))
     if not any(r["status"] in ("ok", "not-measured") for r in writer.rows):
-        raise fail(out, f"{DIST_OP}: no run completed (see the error above and the error rows)", Exit.NOTHING_RAN)
-
-
-def dist_defaults(device: str) -> tuple[list[str], int]:
-    """dist-adamw's workloads and timed steps when none are given: ANCHORS' model on GPUs, a
-    model-shaped workload the interpreter finishes in seconds on CPU ranks."""
-    from .dist.launch import CPU_WORKLOAD
-
-    return (["model-370m"], 50) if device == "cuda" else ([CPU_WORKLOAD], 10)
+        raise fail(out, f"{op.name}: no run completed (see the error above and the error rows)", Exit.NOTHING_RAN)
 
 
 def _cuda_visible() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -620,6 +632,8 @@ def parity(
         if parity_detail not in ("worst", "full"):
             raise UsageError(f"--parity-detail {parity_detail}: accepted: worst, full")
         check_output_dir(output_dir)
+        if isinstance(get_op(op), LaunchedOp):
+            raise UsageError(get_op(op).not_a_case())
         get_op(op).select(candidate, tags)
         _check_tags(op, candidate, tags)
         _check_names(op, workload, mode)
@@ -791,11 +805,3 @@ def plot_cmd(
             out.note(f"{folder}: nothing to plot (no speed ratio, sweep, parity, loss or compare rows)")
         for path in paths:
             out.note(f"wrote {path}")
-
-
-def main() -> None:  # pragma: no cover - console script entry
-    app(prog_name="kernelbench")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

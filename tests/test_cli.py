@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelbench.cli import app
-from kernelbench.harness.runner import ROW_FIELDS
+from kernelbench.harness.rows import ROW_FIELDS
 
 runner = CliRunner()
 

@@ -234,7 +234,7 @@ def test_dist_adamw_honours_device_cuda_without_cuda(tmp_path):
 
 
 def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
-    from kernelbench.cli import dist_defaults
+    from kernelbench.ops.dist_adamw import defaults as dist_defaults
     from kernelbench.dist.bench import workloads
     from kernelbench.ops.optimizer_op import workload_numel
 

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from kernelbench.cli import app
-from kernelbench.harness.runner import ROW_FIELDS
+from kernelbench.harness.rows import ROW_FIELDS
 from kernelbench.models import CONFIGS
 from kernelbench.ops import get_op
 from kernelbench.ops.base import Requires

@@ -16,8 +16,8 @@ rank's own seeded gradients, which live in flat buffers as a DDP-style trainer k
   torch.optim.AdamW(fused=True) on every parameter. ``allreduce`` and ``fused_adamw`` time the
   two halves alone.
 
-Timing: CUDA events around each rep (host clock on the CPU); before each rep a 256 MB write
-flushes L2 and a barrier lines the ranks up, both untimed. The six metrics are interleaved round
+Timing: the harness's RepTimer (CUDA events around each rep, the host clock on the CPU); before
+each rep the harness's L2 flush and a barrier that lines the ranks up, both untimed. The six metrics are interleaved round
 by round so drift hits all of them. A rep's time is the slowest rank's (a step is done when every
 rank is); the JSON also has each rank's median. State bytes per rank: memory allocated after the
 first step minus before the optimizer was built (CUDA), and the bytes of its state tensors.
@@ -32,7 +32,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -47,17 +46,17 @@ import torch.distributed as dist  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
 
-from kernelbench.ops import optim_workloads  # noqa: E402
+from kernelbench.harness.timing import L2Flusher, RepTimer  # noqa: E402
+from kernelbench.ops.dist_adamw import OP  # noqa: E402
 from kernelbench.ops.base import Workload, unknown_name_error  # noqa: E402
 
 METRICS = ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw")
 HYPERPARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
-L2_FLUSH_BYTES = 256 * 2**20
 
 
 def workloads() -> dict[str, Workload]:
-    """Every optimizer workload (ANCHORS.md's and the small CPU ones), by name."""
-    return {w.name: w for w in vars(optim_workloads).values() if isinstance(w, Workload)}
+    """The op's workloads (every optimizer workload: the model-sized and the small CPU ones), by name."""
+    return dict(OP.workloads)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,36 +102,23 @@ def tensor_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 class Timer:
-    """Times one callable per rep: CUDA events on a GPU, the host clock on the CPU (where the
-    collectives and kernels are done when the call returns)."""
+    """One harness RepTimer per metric; before each rep an L2 flush and a barrier, both untimed."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.pending: dict[str, list[Any]] = {m: [] for m in METRICS}
-        self.flush = torch.empty(L2_FLUSH_BYTES // 4, device=device) if device.type == "cuda" else None
+        self.timers = {m: RepTimer(device) for m in METRICS}
+        self.flush = L2Flusher(device) if device.type == "cuda" else None
 
     def rep(self, metric: str, fn: Callable[[], None], record: bool) -> None:
         if self.flush is not None:
-            self.flush.zero_()
+            self.flush()
         dist.barrier()
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            if record:
-                self.pending[metric].append((start, end))
+        if record:
+            self.timers[metric](fn)
         else:
-            t0 = time.perf_counter()
             fn()
-            if record:
-                self.pending[metric].append((time.perf_counter() - t0) * 1e3)
 
     def results_ms(self) -> dict[str, list[float]]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return {m: [s.elapsed_time(e) for s, e in reps] for m, reps in self.pending.items()}
-        return dict(self.pending)
+        return {m: timer.times_ms() for m, timer in self.timers.items()}
 
 
 def summary(per_rank: list[list[float]]) -> dict[str, Any]:
@@ -192,8 +178,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         die_with_parent()
         if os.getppid() == 1:
             raise SystemExit("dist-adamw rank: the launcher is gone")
-    from kernelbench.optim.sharded_adamw import ShardedAdamW
-
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
@@ -213,8 +197,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     named_a = make_params(workload, device, rank)
     before = allocated(device)
     bucket_bytes = None if args.bucket_mb is None else int(args.bucket_mb * 2**20)
-    sharded = ShardedAdamW(named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes,
-                           gather_group=gather_group)
+    sharded = OP.get_candidate("sharded-zero1").build(named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes,
+                                                      gather_group=gather_group)
     sharded.step()
     sharded_delta = None if before is None else allocated(device) - before
 
@@ -227,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         p.grad = flat_grad[offset : offset + p.numel()].view(p.shape)
         offset += p.numel()
     before = allocated(device)
-    fused = torch.optim.AdamW(params_b, **HYPERPARAMS, fused=True)
+    fused = OP.get_candidate("allreduce+torch-fused").build(named_b, **HYPERPARAMS)
 
     def allreduce() -> None:
         dist.all_reduce(flat_grad, op=dist.ReduceOp.AVG)
@@ -276,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "gather_group": args.gather_group,
             "comm_mode": sharded.comm,
             "timing": (
-                "CUDA events; 256 MB L2 flush and a barrier before each rep (untimed)"
+                f"CUDA events; {timer.flush.nbytes >> 20} MB L2 flush and a barrier before each rep (untimed)"
                 if device.type == "cuda"
                 else "host clock; CPU ranks on Gloo, kernels in the Triton interpreter: not a measurement"
             ) + "; metrics interleaved per round; a rep's time is the slowest rank's",

@@ -25,12 +25,11 @@ from typing import Any
 
 import torch
 
+from kernelbench.harness.rows import ERROR, NOT_MEASURED, OK, Row
 from kernelbench.ops.base import UsageError, unknown_name_error
 
 # NVLink multicast must stay off on the GPU machines: NCCL's NVLS and torch's symmetric memory.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-# What CPU ranks run by default: a model-shaped workload the interpreter finishes in seconds.
-CPU_WORKLOAD = "model-tiny"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -146,8 +145,8 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
         )
     if proc.returncode != 0:
         # Rank 0 writes the JSON only after every rank's timings reached it, so the measurement is
-        # complete; what failed is the shutdown (seen once on a loaded 2-core machine: a Gloo rank
-        # aborting in teardown). Keep the rows and say so.
+        # complete; what failed is the shutdown (a Gloo rank can abort in teardown on a loaded
+        # machine). Keep the rows and say so.
         result["teardown_error"] = (f"the ranks exited with code {proc.returncode} after the results were written: "
                                     + _tail(log, 6).replace("\n", " | "))
     return result
@@ -176,16 +175,27 @@ _METRIC_ROWS = {
 }
 
 
-def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def run_workload(op, workload: str, device: str, folder: Path, settings: dict[str, Any]) -> tuple[list[Row], str | None]:
+    """One launch of ``op`` (dist-adamw) on ``workload`` as report rows, and the error that ended
+    it, if any (its first line is what a user needs; the row keeps the tail of the ranks' log)."""
+    try:
+        result = launch(settings["nproc"], workload, settings["steps"], folder / f"{op.name}-{workload}.json",
+                        bucket_mb=settings["bucket_mb"], gather_group=settings["gather_group"], cpu=device == "cpu")
+    except RuntimeError as exc:
+        row = Row(op.name, workload, f"{settings['nproc']} ranks", "sharded-zero1", "time_median_ms", None, "ms",
+                  ERROR, message=str(exc)[-2000:])
+        return [row], str(exc).splitlines()[0]
+    return result_rows(result), None
+
+
+def result_rows(result: dict[str, Any]) -> list[Row]:
     """The worker's JSON as kernelbench result rows (long format, as harness.runner writes)."""
     workload = result["workload"]
     mode = f"{result['world_size']} ranks, {result['bucket_mb']:g} MiB buckets" + (
         ", all-gathers on a second communicator" if result.get("gather_group") else "")
 
-    def row(candidate, metric, value, unit, message="", status="ok", flags=""):
-        return {"op": "dist-adamw", "workload": workload, "mode": mode, "candidate": candidate,
-                "metric": metric, "value": value, "unit": unit, "status": status, "flags": flags,
-                "tensor": "", "message": message}
+    def row(candidate, metric, value, unit, message="", status=OK, flags=""):
+        return Row(result["op"], workload, mode, candidate, metric, value, unit, status, flags, message=message)
 
     rows = []
     anchor = result["metrics_ms"]["allreduce_fused_step"]["median"]
@@ -195,7 +205,7 @@ def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         candidate, what = _METRIC_ROWS[metric]
         if interpreted and candidate.startswith("sharded"):
             rows.append(row(candidate, "time_median_ms", None, "ms", "Triton interpreter (no GPU): time not measured",
-                            status="not-measured"))
+                            status=NOT_MEASURED))
             continue
         flags = "noisy" if stats.get("noisy") else ""
         rows.append(row(candidate, "time_median_ms", stats["median"], "ms", f"{what}; {result['timing']}", flags=flags))
@@ -214,5 +224,5 @@ def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(row("sharded-zero1", "parity_max_rel_vs_allreduce_fused", parity["max_rel_diff"], "",
                     f"params after {parity['after_steps']} step(s), both paths from the same params and grads"))
     if "teardown_error" in result:
-        rows.append(row("sharded-zero1", "teardown", None, "", result["teardown_error"], status="error"))
+        rows.append(row("sharded-zero1", "teardown", None, "", result["teardown_error"], status=ERROR))
     return rows

@@ -7,7 +7,7 @@ import pkgutil
 
 from .base import REGISTRY, Candidate, Op, Requires, Tolerance, UsageError, Workload, unknown_name_error
 
-_INFRASTRUCTURE = {"base", "function_op", "optimizer_op", "optim_workloads"}
+_INFRASTRUCTURE = {"base", "function_op", "launched_op", "optimizer_op", "optim_workloads"}
 
 # Op modules that failed to import, by module name: one broken op must not take the CLI down
 # with it; `kernelbench list` shows these, and a test requires it to stay empty.

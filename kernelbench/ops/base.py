@@ -40,7 +40,7 @@ def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> UsageError
 @dataclass(frozen=True)
 class Workload:
     """A named, seeded problem. ``tier`` is ``"cpu"`` (small, used by tests and the quick suite)
-    or ``"gpu"`` (the sizes of ANCHORS.md). ``spec`` holds whatever the op's factories read."""
+    or ``"gpu"`` (the sizes of the models and layers compared). ``spec`` holds whatever the op's factories read."""
 
     name: str
     tier: str
@@ -90,7 +90,7 @@ def by_dtype(table: "Mapping[Any, Tolerance] | None") -> dict[str, Tolerance]:
     return {dtype_name(k): v for k, v in (table or {}).items()}
 
 
-# Defaults by dtype; METHOD.md: fp32 1e-5, bf16 1e-2 (relative).
+# Defaults by dtype: what each dtype's rounding allows an element-wise result.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp64": Tolerance(1e-10, 1e-8),
     "fp32": Tolerance(1e-6, 1e-5),
@@ -231,7 +231,7 @@ class Op(abc.ABC):
         # Per result-tensor overrides (e.g. a gradient that sums M rounded products).
         self.tensor_tolerances = {k: by_dtype(v) for k, v in (tensor_tolerances or {}).items()}
         self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
-        # The candidate every other one's time is divided by in reports (ANCHORS.md's anchor).
+        # The candidate every other one's time is divided by in reports (the peer to beat).
         self.speed_anchor = speed_anchor
         self.candidates: dict[str, Candidate] = {}
         REGISTRY[name] = self
@@ -320,6 +320,13 @@ class Op(abc.ABC):
         if dtype in by_tensor:
             return by_tensor[dtype]
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES["fp32"])
+
+    def availability(self, candidate: Candidate, device: str) -> str:
+        """Whether ``candidate`` runs on ``device`` here, in words (what `kernelbench list` shows)."""
+        unmet = candidate.requires.unmet(device)
+        if unmet:
+            return f"no: {unmet}"
+        return "interpreter: parity only" if candidate.requires.interpreted(device) else "yes"
 
     # -- what subclasses provide ----------------------------------------------------------------
     def modes(self) -> tuple[str, ...]:

@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from ..harness.runner import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, RowSink, _error_message
+from ..harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row, RowSink
+from ..harness.runner import _error_message
 from ..models import CONFIGS, LlamaConfig
 from ..ops.base import UsageError, unknown_name_error
 from .band import Band, StepBand, Verdict, judge, make_band, step_band, tail_window
@@ -161,9 +162,7 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     def row(name: str, metric: str, value, unit: str, status: str, message: str = "") -> None:
         if isinstance(value, float) and not math.isfinite(value):
             value = None
-        sink.add({"op": op_label, "workload": settings.model, "mode": MODE, "candidate": name,
-                  "metric": metric, "value": value, "unit": unit, "status": status, "flags": "",
-                  "tensor": "", "message": message})
+        sink.add(Row(op_label, settings.model, MODE, name, metric, value, unit, status, message=message).as_dict())
 
     def run(cand: TrainCandidate, order_seed: int) -> RunLog:
         progress(f"train {op_label}: {cand.name} (data order {order_seed}), {settings.steps} steps")
