@@ -216,3 +216,14 @@ def test_dist_adamw_runs_two_ranks_through_torchrun(tmp_path):
     assert medians.loc["allreduce+torch-fused", "status"] == "ok"
     assert (tmp_path / "dist-adamw-tiny.json").is_file()
     assert rows[rows.metric == "parity_max_rel_vs_allreduce_fused"].value.iloc[0] <= 1e-6
+
+
+def test_a_suite_runs_dist_adamw_through_the_registry(tmp_path):
+    suite = tmp_path / "dist.toml"
+    suite.write_text('[suite]\ndevice = "cpu"\n[[bench]]\nop = "dist-adamw"\nworkloads = ["tiny"]\n')
+    result = invoke("run", "--config", suite, "--output-dir", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "r" / "results.csv")
+    assert set(rows.op) == {"dist-adamw"} and set(rows.workload) == {"tiny"}
+    medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
+    assert medians.loc["allreduce+torch-fused", "status"] == "ok"

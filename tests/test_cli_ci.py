@@ -260,6 +260,8 @@ def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
     (("run", "adamw", "--nproc", "4", "--bucket-mb", "3"), "--nproc, --bucket-mb: dist-adamw options only"),
     (("run", "dist-adamw", "-c", "triton", "--state", "fp8"), "-c/--candidate, --state: not accepted by dist-adamw"),
     (("run", "adam-mini", "-c", "triton-fp32", "--state", "fp8"), "has state=fp32, not --state fp8"),
+    (("run", "dist-adamw", "--nproc", "0"), "--nproc 0: must be at least 1"),
+    (("parity", "dist-adamw"), "times its candidates inside the processes it starts"),
 ])
 def test_bad_values_exit_2_with_one_line(args, expected, tmp_path):
     result = invoke(*args)
@@ -292,6 +294,8 @@ def test_a_usage_error_leaves_no_empty_report_folder(tmp_path):
     ('', "no [[bench]] or [[parity]] table"),
     ('[[parity]]\nop = "adamw"\nsteps = 0\n', "[[parity]] #1.steps = 0: must be at least 1"),
     ('[suite]\nrounds = 0\n[[bench]]\nop = "adamw"\n', "[suite].rounds = 0: must be >= 1"),
+    ('[[bench]]\nop = "dist-adamw"\ncandidates = ["sharded-zero1"]\n', "op and workloads only (drop candidates)"),
+    ('[[parity]]\nop = "dist-adamw"\n', "a [[bench]] table with op and workloads only"),
 ])
 def test_config_errors_are_one_literal_line_naming_the_file(body, expected, tmp_path):
     config = tmp_path / "suite.toml"
