@@ -15,8 +15,8 @@ import torch
 from .stats import summarize
 from .timing import TimingConfig, time_cuda
 
-COPY_BYTES = 2 * 2**30  # ANCHORS.md: a 2 GiB device-to-device copy
-MATMUL_N = 8192  # ANCHORS.md: bf16 matmul 8192^3
+COPY_BYTES = 2 * 2**30  # a 2 GiB device-to-device copy: far past any L2, so HBM is what is timed
+MATMUL_N = 8192  # bf16 matmul 8192^3: large enough for cuBLAS to reach the tensor cores' rate
 # A result may exceed a ceiling by this much before it is called a measurement error
 # (both are medians of noisy loops; the copy is not a perfect roofline).
 CEILING_SLACK = 1.05
