@@ -13,11 +13,11 @@ import glob
 import os
 import shutil
 import signal
-import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated
 
 import typer
 
@@ -112,7 +112,7 @@ def check_range(option: str, value, *, minimum=None, above=None) -> None:
         raise UsageError(f"{option} {value:g}: must be greater than {above:g}")
 
 
-def check_output_dir(path: Optional[Path]) -> None:
+def check_output_dir(path: Path | None) -> None:
     """-o names a folder that exists or can be made: not a file, not under a file."""
     if path is None:
         return
@@ -134,12 +134,17 @@ def check_output_dir(path: Optional[Path]) -> None:
 # ------------------------------------------------------------------------------------------------
 # Options shared by several commands.
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, or auto (cuda when visible).")]
-CandidateOpt = Annotated[Optional[list[str]], typer.Option("--candidate", "-c", help="Only these candidates (repeatable).")]
-WorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="Only these workloads (repeatable); default: the device's tier.")]
-ModeOpt = Annotated[Optional[list[str]], typer.Option("--mode", "-m", help="Only these modes, e.g. fwd, fwd+bwd (repeatable).")]
-StateOpt = Annotated[Optional[str], typer.Option("--state", help="Optimizer state dtype for ops that offer it (adam-mini: fp32, bf16, fp8).")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Report folder (default reports/<UTC time>-<verb>-<op>/; made if missing).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Added to every workload's seed [default: 0].")]
+CandidateOpt = Annotated[list[str] | None, typer.Option("--candidate", "-c",
+                                                       help="Only these candidates (repeatable).")]
+WorkloadOpt = Annotated[list[str] | None, typer.Option("--workload", "-w", help="Only these workloads (repeatable); "
+                                                                                "default: the device's tier.")]
+ModeOpt = Annotated[list[str] | None, typer.Option("--mode", "-m", help="Only these modes, e.g. fwd, fwd+bwd "
+                                                                        "(repeatable).")]
+StateOpt = Annotated[str | None, typer.Option("--state", help="Optimizer state dtype for ops that offer it "
+                                                              "(adam-mini: fp32, bf16, fp8).")]
+OutputOpt = Annotated[Path | None, typer.Option("--output-dir", "-o", help="Report folder (default reports/<UTC "
+                                                                           "time>-<verb>-<op>/; made if missing).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Added to every workload's seed [default: 0].")]
 FormatOpt = Annotated[Format, typer.Option(
     "--format", case_sensitive=False,
     help="table (text), markdown, json (an array of objects, one per row, each naming its table) or csv. "
@@ -203,7 +208,8 @@ def _list_device(requested: str) -> str:
 
 @app.command("list", epilog=EXIT_CODES_HELP)
 def list_cmd(device: DeviceOpt = "auto",
-             workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads (tier, modes, seed).")] = False,
+             workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads (tier, modes, "
+                                                                         "seed).")] = False,
              fmt: FormatOpt = Format.table) -> None:
     """Every op and candidate, and whether it can run here (and if not, why).
 
@@ -260,7 +266,7 @@ def _plan(entries, device: str, seed: int):
     return plan
 
 
-def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
+def _check_parity_candidates(op_name: str, names: list[str] | None) -> None:
     """Candidates named for parity must include one that takes part in it (the reference and
     anchors computing something else are not checked)."""
     op = get_op(op_name)
@@ -275,7 +281,7 @@ def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
                      + f". Checked candidates of '{op.name}': {', '.join(checked)}")
 
 
-def _check_names(op_name: str, workloads: Optional[list[str]], modes: Optional[list[str]]) -> None:
+def _check_names(op_name: str, workloads: list[str] | None, modes: list[str] | None) -> None:
     """Workload and mode names, checked before torch is imported."""
     op = get_op(op_name)
     for name in workloads or []:
@@ -285,7 +291,7 @@ def _check_names(op_name: str, workloads: Optional[list[str]], modes: Optional[l
             raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
 
 
-def _check_tags(op_name: str, names: Optional[list[str]], tags: dict) -> None:
+def _check_tags(op_name: str, names: list[str] | None, tags: dict) -> None:
     """-c with --state: every named candidate must have that state."""
     op = get_op(op_name)
     op.select(None, tags)  # the tag itself must exist
@@ -316,7 +322,7 @@ def _open_report(out: Output, folder: Path, fingerprint: dict, verb: str, settin
         raise fail(out, f"--output-dir {folder}: cannot write the report there ({exc.strerror or exc})") from None
 
 
-def _report_end(out: Output, writer, folder: Path, interruption: Optional[str], failures: list[str]) -> None:
+def _report_end(out: Output, writer, folder: Path, interruption: str | None, failures: list[str]) -> None:
     """Exit code and the lines that explain it: interrupted, parity failed, nothing ran."""
     if interruption:
         raise fail(out, f"interrupted by {interruption}: {folder} holds what was measured until then "
@@ -339,7 +345,7 @@ def _report_end(out: Output, writer, folder: Path, interruption: Optional[str], 
 
 
 def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, settings: dict, device: str,
-             output_dir: Optional[Path], seed: int, telemetry: bool = False, detail: str = "worst") -> None:
+             output_dir: Path | None, seed: int, telemetry: bool = False, detail: str = "worst") -> None:
     """Runs a plan into a report folder, prints the tables and exits with the right code."""
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device, run_benchmarks, run_parity
@@ -406,8 +412,8 @@ def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, 
 
 @app.command(epilog=EXIT_CODES_HELP)
 def run(
-    op: Annotated[Optional[str], typer.Argument(help="Op to benchmark; omit it to run the default suite.")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML suite (configs/*.toml).")] = None,
+    op: Annotated[str | None, typer.Argument(help="Op to benchmark; omit it to run the default suite.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML suite (configs/*.toml).")] = None,
     candidate: CandidateOpt = None,
     workload: WorkloadOpt = None,
     mode: ModeOpt = None,
@@ -415,18 +421,27 @@ def run(
     device: DeviceOpt = "auto",
     output_dir: OutputOpt = None,
     fmt: FormatOpt = Format.table,
-    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time replays of a CUDA graph (L2 flush captured and subtracted).")] = False,
-    warmup_ms: Annotated[Optional[float], typer.Option(help="Warm-up time per candidate and round, ms, >= 0 [default: 25, or the suite's].")] = None,
-    rep_ms: Annotated[Optional[float], typer.Option(help="Timed time per candidate over all rounds, ms, > 0 [default: 100, or the suite's].")] = None,
-    rounds: Annotated[Optional[int], typer.Option(help="Interleaved rounds (A B A B ...) per workload, >= 1 [default: 3, or the suite's].")] = None,
-    no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2", help="Keep L2 warm between reps (the report says so).")] = False,
-    parity_steps: Annotated[Optional[int], typer.Option(help="With an op: also check parity over this many optimizer steps / input draws (the parity command's --steps) [default: no parity].")] = None,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time replays of a CUDA graph (L2 flush captured "
+                                                                  "and subtracted).")] = False,
+    warmup_ms: Annotated[float | None, typer.Option(help="Warm-up time per candidate and round, ms, >= 0 [default: "
+                                                         "25, or the suite's].")] = None,
+    rep_ms: Annotated[float | None, typer.Option(help="Timed time per candidate over all rounds, ms, > 0 [default: "
+                                                      "100, or the suite's].")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Interleaved rounds (A B A B ...) per workload, >= 1 [default: 3, "
+                                                    "or the suite's].")] = None,
+    no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2",
+                                              help="Keep L2 warm between reps (the report says so).")] = False,
+    parity_steps: Annotated[int | None, typer.Option(help="With an op: also check parity over this many optimizer "
+                                                          "steps / input draws (the parity command's --steps) "
+                                                          "[default: no parity].")] = None,
     parity_detail: ParityDetailOpt = "worst",
-    telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry (adam-mini): record max |update|, max |m|, fp8 scales after the timed steps.")] = False,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help=_op_option_help("--nproc"))] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help=_op_option_help("--steps"))] = None,
-    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help=_op_option_help("--bucket-mb"))] = None,
-    gather_group: Annotated[Optional[bool], typer.Option("--gather-group/--no-gather-group",
+    telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry "
+                                                                "(adam-mini): record max |update|, max |m|, fp8 "
+                                                                "scales after the timed steps.")] = False,
+    nproc: Annotated[int | None, typer.Option("--nproc", help=_op_option_help("--nproc"))] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help=_op_option_help("--steps"))] = None,
+    bucket_mb: Annotated[float | None, typer.Option("--bucket-mb", help=_op_option_help("--bucket-mb"))] = None,
+    gather_group: Annotated[bool | None, typer.Option("--gather-group/--no-gather-group",
                                                          help=_op_option_help("--gather-group"))] = None,
     seed: SeedOpt = None,
 ) -> None:
@@ -510,8 +525,8 @@ def run(
     _execute(out, "run", label, bench, parity, settings, device, output_dir, seed or 0, telemetry, parity_detail)
 
 
-def _launch_entry(out: Output, writer, folder: Path, op: LaunchedOp, workloads: Optional[list[str]], dev: str,
-                  on_progress, given: Optional[dict] = None) -> None:
+def _launch_entry(out: Output, writer, folder: Path, op: LaunchedOp, workloads: list[str] | None, dev: str,
+                  on_progress, given: dict | None = None) -> None:
     """Every workload of one launched op's entry into the report; a failed launch is an error row."""
     names = [op.workload(name).name for name in workloads] if workloads else [
         w.name for w in op.workloads_for("gpu" if dev == "cuda" else "cpu")]
@@ -526,8 +541,8 @@ def _launch_entry(out: Output, writer, folder: Path, op: LaunchedOp, workloads: 
             out.error(error)
 
 
-def _run_launched(out: Output, op: LaunchedOp, device: str, workloads: Optional[list[str]], given: dict,
-                  output_dir: Optional[Path]) -> None:
+def _run_launched(out: Output, op: LaunchedOp, device: str, workloads: list[str] | None, given: dict,
+                  output_dir: Path | None) -> None:
     """An op that starts its own processes: one launch per workload; each becomes report rows."""
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device
@@ -573,7 +588,8 @@ def _cuda_visible() -> bool:
 @app.command(epilog=EXIT_CODES_HELP)
 def autoselect(
     op: Annotated[str, typer.Argument(help="rmsnorm or rotary.")],
-    shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: BxHqxHkxSxDxROTARY_DIM.")],
+    shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: "
+                                                       "BxHqxHkxSxDxROTARY_DIM.")],
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     mode: Annotated[str, typer.Option("--mode", help="fwd or fwd+bwd.")] = "fwd+bwd",
     variant: Annotated[str, typer.Option("--variant", help="rotary: <style>-<layout>, e.g. half-bhsd.")] = "",
@@ -607,9 +623,10 @@ def autoselect(
 @app.command(epilog=EXIT_CODES_HELP)
 def parity(
     op: Annotated[str, typer.Argument(help="Op to check.")],
-    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps (optimizers) or fresh input draws (functions) compared, >= 1 (run's --parity-steps).")] = 10,
-    atol: Annotated[Optional[float], typer.Option(help="Override the op's absolute tolerance (>= 0).")] = None,
-    rtol: Annotated[Optional[float], typer.Option(help="Override the op's relative tolerance (>= 0).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps (optimizers) or fresh input draws (functions) "
+                                                       "compared, >= 1 (run's --parity-steps).")] = 10,
+    atol: Annotated[float | None, typer.Option(help="Override the op's absolute tolerance (>= 0).")] = None,
+    rtol: Annotated[float | None, typer.Option(help="Override the op's relative tolerance (>= 0).")] = None,
     candidate: CandidateOpt = None,
     workload: WorkloadOpt = None,
     mode: ModeOpt = None,
@@ -646,10 +663,15 @@ def parity(
 def compare(
     base: Annotated[Path, typer.Argument(help="Report folder of the baseline run.")],
     new: Annotated[Path, typer.Argument(help="Report folder of the new run.")],
-    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression, >= 0 (0.05 = 5%); a row's own noise (IQR / median) raises it.")] = 0.05,
-    force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions anyway (the output says so).")] = False,
-    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Accept rows of BASE absent from NEW, or no row in common (otherwise exit 2).")] = False,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Also write compare.csv and compare.md into this folder [default: none: print only].")] = None,
+    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression, >= 0 (0.05 = 5%); a row's "
+                                                  "own noise (IQR / median) raises it.")] = 0.05,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions "
+                                                        "anyway (the output says so).")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Accept rows of BASE absent from NEW, or no "
+                                                                        "row in common (otherwise exit 2).")] = False,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Also write compare.csv and compare.md "
+                                                                               "into this folder [default: none: "
+                                                                               "print only].")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Ratio of medians per matching row of two report folders; exit 3 on a regression.
@@ -693,8 +715,10 @@ def compare(
 @app.command(epilog=EXIT_CODES_HELP)
 def env(
     device: DeviceOpt = "auto",
-    ceilings: Annotated[bool, typer.Option("--ceilings", help="Also measure copy bandwidth and bf16 matmul rate (CUDA only; takes a few seconds).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the fingerprint as one JSON object (what run.json records).")] = False,
+    ceilings: Annotated[bool, typer.Option("--ceilings", help="Also measure copy bandwidth and bf16 matmul rate (CUDA "
+                                                              "only; takes a few seconds).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the fingerprint as one JSON object (what run.json "
+                                                         "records).")] = False,
 ) -> None:
     """The environment fingerprint that every report records."""
     import json
@@ -722,15 +746,23 @@ def env(
 
 @app.command("train", epilog=EXIT_CODES_HELP)
 def train_cmd(
-    op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op (rmsnorm, rotary).")],
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on the CPU).")] = None,
-    batch: Annotated[Optional[int], typer.Option("--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
-    seq: Annotated[Optional[int], typer.Option("--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
+    op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op "
+                                           "(rmsnorm, rotary).")],
+    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on "
+                                                              "the CPU).")] = None,
+    batch: Annotated[int | None, typer.Option(
+        "--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the initial weights and of the token stream.")] = 0,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate for every candidate (default: the op's).")] = None,
-    rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on each side.")] = 0.01,
-    ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their spread is the band.")] = 3,
-    model: Annotated[Optional[str], typer.Option("--model", help="A kernelbench.models config (default: llama-15m on CUDA, llama-tiny on the CPU).")] = None,
+    lr: Annotated[float | None, typer.Option(
+        "--lr", help="Learning rate for every candidate (default: the op's).")] = None,
+    rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on "
+                                                       "each side.")] = 0.01,
+    ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their "
+                                                               "spread is the band.")] = 3,
+    model: Annotated[str | None, typer.Option("--model", help="A kernelbench.models config (default: llama-15m on "
+                                                              "CUDA, llama-tiny on the CPU).")] = None,
     candidate: CandidateOpt = None,
     state: StateOpt = None,
     device: DeviceOpt = "auto",
@@ -787,7 +819,8 @@ def train_cmd(
 
 @app.command("plot", epilog=EXIT_CODES_HELP)
 def plot_cmd(
-    report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare --output-dir).")],
+    report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare "
+                                                           "--output-dir).")],
 ) -> None:
     """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
     out = Output(Format.table)

@@ -17,11 +17,11 @@ rank's own seeded gradients, which live in flat buffers as a DDP-style trainer k
   two halves alone.
 
 Timing: the harness's RepTimer (CUDA events around each rep, the host clock on the CPU); before
-each rep the harness's L2 flush and a barrier that lines the ranks up, both untimed. The six metrics are interleaved round
-by round so drift hits all of them. A rep's time is the slowest rank's (a step is done when every
-rank is); the JSON also has each rank's median. State bytes per rank: memory allocated after the
-first step minus before the optimizer was built (CUDA), and the bytes of its state tensors.
-Rank 0 writes the JSON.
+each rep the harness's L2 flush and a barrier that lines the ranks up, both untimed. The six
+metrics are interleaved round by round so drift hits all of them. A rep's time is the slowest
+rank's (a step is done when every rank is); the JSON also has each rank's median. State bytes
+per rank: memory allocated after the first step minus before the optimizer was built (CUDA), and
+the bytes of its state tensors. Rank 0 writes the JSON.
 """
 
 from __future__ import annotations
@@ -32,23 +32,24 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # NVLink multicast stays off on the GPU machines (NCCL's NVLS and torch's symmetric memory).
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
 
-from kernelbench.harness.timing import L2Flusher, RepTimer  # noqa: E402
-from kernelbench.ops.dist_adamw import OP  # noqa: E402
-from kernelbench.ops.base import Workload, unknown_name_error  # noqa: E402
+from kernelbench.harness.timing import L2Flusher, RepTimer
+from kernelbench.ops.base import Workload, unknown_name_error
+from kernelbench.ops.dist_adamw import OP
 
 METRICS = ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw")
 HYPERPARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
@@ -61,14 +62,22 @@ def workloads() -> dict[str, Workload]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m kernelbench.dist.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads())))
+    parser.add_argument(
+        "--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads()))
+    )
     parser.add_argument("--steps", type=int, default=50, help="timed reps per metric")
     parser.add_argument("--warmup", type=int, default=10, help="untimed reps per metric first")
-    parser.add_argument("--bucket-mb", type=float, default=None,
-                        help="ShardedAdamW bucket size in MiB (default: ShardedAdamW's own)")
-    parser.add_argument("--gather-group", action="store_true",
-                        help="ShardedAdamW all-gathers on a second communicator (overlap with the reduce-scatters)")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails")
+    parser.add_argument(
+        "--bucket-mb", type=float, default=None, help="ShardedAdamW bucket size in MiB (default: ShardedAdamW's own)"
+    )
+    parser.add_argument(
+        "--gather-group",
+        action="store_true",
+        help="ShardedAdamW all-gathers on a second communicator (overlap with the reduce-scatters)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails"
+    )
     parser.add_argument("--output", type=Path, required=True, help="JSON written by rank 0")
     args = parser.parse_args(argv)
     if args.workload not in workloads():
@@ -158,7 +167,9 @@ def environment(device: torch.device, backend: str) -> dict[str, Any]:
         "host": platform.node(),
         "backend": backend,
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TRITON_INTERPRET")},
+        "env": {
+            k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TRITON_INTERPRET")
+        },
     }
     if device.type == "cuda":
         env["device"] = torch.cuda.get_device_name(device)
@@ -197,8 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     named_a = make_params(workload, device, rank)
     before = allocated(device)
     bucket_bytes = None if args.bucket_mb is None else int(args.bucket_mb * 2**20)
-    sharded = OP.get_candidate("sharded-zero1").build(named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes,
-                                                      gather_group=gather_group)
+    sharded = OP.get_candidate("sharded-zero1").build(
+        named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes, gather_group=gather_group
+    )
     sharded.step()
     sharded_delta = None if before is None else allocated(device) - before
 
@@ -263,14 +275,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 f"CUDA events; {timer.flush.nbytes >> 20} MB L2 flush and a barrier before each rep (untimed)"
                 if device.type == "cuda"
                 else "host clock; CPU ranks on Gloo, kernels in the Triton interpreter: not a measurement"
-            ) + "; metrics interleaved per round; a rep's time is the slowest rank's",
+            )
+            + "; metrics interleaved per round; a rep's time is the slowest rank's",
             "warmup": args.warmup,
             "metrics_ms": metrics,
             "speedup_vs_allreduce_fused": base / step if step > 0 else None,
             "overlap": {
                 "comm_plus_update_ms": comm + update,
                 "hidden_ms": comm + update - step,
-                "hidden_fraction_of_smaller": (comm + update - step) / min(comm, update) if min(comm, update) > 0 else None,
+                "hidden_fraction_of_smaller": (comm + update - step) / min(comm, update)
+                if min(comm, update) > 0
+                else None,
             },
             "state_bytes_per_rank": {
                 "sharded": {
@@ -279,7 +294,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 },
                 "allreduce_fused": {
                     "allocated_delta": [g["fused_delta"] for g in gathered],
-                    "tensors": tensor_bytes([t for s in fused.state.values() for t in s.values() if isinstance(t, torch.Tensor)]),
+                    "tensors": tensor_bytes(
+                        [t for s in fused.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+                    ),
                 },
                 "adamw_bytes_per_param": 8,
             },

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 import os
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 
@@ -154,7 +154,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             case.run()
             states[cand.name] = case.state_bytes()
             cases[cand.name] = case
-        except Exception as exc:  # noqa: BLE001 - one failing candidate must not stop the others
+        except Exception as exc:  # one failing candidate must not stop the others
             summary.errors += 1
             emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
             _free_memory()
@@ -176,7 +176,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                 times[name].extend(sample.times)
                 host[name].append(sample.host_ms)
                 modes[name] = sample.mode
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 summary.errors += 1
                 emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
                 del cases[name], times[name], host[name]
@@ -207,7 +207,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             if telemetry:
                 for row in _telemetry_rows(op, workload, mode, name, case):
                     emit(row)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             summary.errors += 1
             emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
     cases.clear()
@@ -222,7 +222,7 @@ def _host_rows(op: Op, workload: Workload, mode: str, name: str, case, timing: T
         st = summarize(sample.times, sample.mode)
         emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
                   f"{sample.mode}; median of {st.reps}, IQR/median {st.relative_iqr:.1%}"))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         summary.errors += 1
         emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR, _error_message(exc)))
 
@@ -236,7 +236,7 @@ def _interpreted_telemetry(op: Op, cand: Candidate, workload: Workload, device: 
         case.run()
         for row in _telemetry_rows(op, workload, mode, cand.name, case):
             emit(row)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         summary.errors += 1
         emit(_row(op, workload, mode, cand.name, "telemetry", None, "", ERROR, _error_message(exc)))
 
@@ -380,7 +380,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
     ref_name = op.reference if isinstance(op.reference, str) else "reference"
     try:
         reference = op.make_reference_case(workload, device, mode)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         fail_all(f"reference {ref_name} failed to build: {_error_message(exc)}")
         return
     cases, trackers = {}, {}
@@ -388,7 +388,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
         try:
             cases[cand.name] = op.make_case(cand, workload, device, mode)
             trackers[cand.name] = _Tracker(op, cand, override)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             emit.check_failed(op, workload, mode, cand.name, _error_message(exc))
     for step in range(steps):
         try:
@@ -396,7 +396,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
             reference.prepare()
             reference.run()
             ref_tensors = reference.tensors()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             cases.clear()
             fail_all(f"reference {ref_name} failed at step {step}: {_error_message(exc)}")
             return
@@ -407,7 +407,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
                 case.prepare()
                 case.run()
                 trackers[name].update(step, ref_tensors, case.tensors())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 emit.check_failed(op, workload, mode, name, f"step {step}: {_error_message(exc)}")
                 del cases[name]
     for name in cases:

@@ -9,8 +9,9 @@ computed once, in :mod:`kernelbench.harness.stats`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 

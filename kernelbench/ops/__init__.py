@@ -21,7 +21,7 @@ def load_all() -> dict[str, Op]:
             continue
         try:
             importlib.import_module(f"{__name__}.{module.name}")
-        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        except Exception as exc:  # reported, not hidden
             LOAD_ERRORS[module.name] = f"{type(exc).__name__}: {exc}"
     return REGISTRY
 
@@ -33,4 +33,15 @@ def get_op(name: str) -> Op:
     return ops[name]
 
 
-__all__ = ["LOAD_ERRORS", "REGISTRY", "Candidate", "Op", "Requires", "Tolerance", "UsageError", "Workload", "get_op", "load_all"]
+__all__ = [
+    "LOAD_ERRORS",
+    "REGISTRY",
+    "Candidate",
+    "Op",
+    "Requires",
+    "Tolerance",
+    "UsageError",
+    "Workload",
+    "get_op",
+    "load_all",
+]

@@ -14,7 +14,7 @@ twice, see kernelbench/optim/adafactor.py), so their GB/s figure reads as half o
 from __future__ import annotations
 
 from .base import Requires, Tolerance, Workload
-from .optim_workloads import MODEL_370M, MODEL_TINY, SINGLE_4096x1024, TINY
+from .optim_workloads import MODEL_370M, MODEL_TINY, TINY, SINGLE_4096x1024
 from .optimizer_op import OptimizerOp
 
 # A CPU workload whose large tensors are above min_8bit_size (4096), so that the 8-bit state is

@@ -17,13 +17,14 @@ from __future__ import annotations
 import abc
 import difflib
 import importlib.util
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-REGISTRY: dict[str, "Op"] = {}
+REGISTRY: dict[str, Op] = {}
 
 
 class UsageError(ValueError):
@@ -66,13 +67,13 @@ DTYPE_NAMES = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat1
 _LONG_NAMES = {short: long for long, short in DTYPE_NAMES.items()}
 
 
-def dtype_name(dtype: "str | torch.dtype") -> str:
+def dtype_name(dtype: str | torch.dtype) -> str:
     """"fp32" for torch.float32, "float32" or "fp32"; other dtypes by torch's own name."""
     name = str(dtype).removeprefix("torch.")
     return DTYPE_NAMES.get(name, name)
 
 
-def torch_dtype(dtype: "str | torch.dtype") -> "torch.dtype":
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype a spec names ("bf16", "float32", or a torch dtype already)."""
     import torch
 
@@ -85,7 +86,7 @@ def torch_dtype(dtype: "str | torch.dtype") -> "torch.dtype":
     return value
 
 
-def by_dtype(table: "Mapping[Any, Tolerance] | None") -> dict[str, Tolerance]:
+def by_dtype(table: Mapping[Any, Tolerance] | None) -> dict[str, Tolerance]:
     """A tolerance table keyed by dtype names, whichever way its keys were written."""
     return {dtype_name(k): v for k, v in (table or {}).items()}
 
@@ -139,7 +140,7 @@ class Requires:
         if self.min_capability is not None:
             cap = torch.cuda.get_device_capability()
             if cap < self.min_capability:
-                want = "sm_%d%d" % self.min_capability
+                want = "sm_{}{}".format(*self.min_capability)
                 return f"needs {want} or newer, this GPU is sm_{cap[0]}{cap[1]}"
         return None
 
@@ -311,7 +312,7 @@ class Op(abc.ABC):
                 chosen.append(cand)
         return chosen
 
-    def tolerance_for(self, candidate: Candidate | None, dtype: "str | torch.dtype", tensor: str = "") -> Tolerance:
+    def tolerance_for(self, candidate: Candidate | None, dtype: str | torch.dtype, tensor: str = "") -> Tolerance:
         """Candidate override, else the op's override for this result tensor, else by dtype."""
         dtype = dtype_name(dtype)
         if candidate is not None and candidate.tolerance and dtype in candidate.tolerance:
@@ -347,7 +348,7 @@ class Op(abc.ABC):
         return None
 
 
-def generator(device: str, seed: int) -> "torch.Generator":
+def generator(device: str, seed: int) -> torch.Generator:
     import torch
 
     gen = torch.Generator(device=device)

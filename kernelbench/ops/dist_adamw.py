@@ -9,7 +9,8 @@ run-through, not a measurement.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import optim_workloads
 from .base import Requires, Workload

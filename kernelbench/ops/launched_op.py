@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import abc
 import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .base import Candidate, Case, Op, UsageError, Workload
 
