@@ -19,6 +19,9 @@
     [[parity]]                   # one table per op to check; same keys, plus
     steps = 10
 
+An op that starts processes of its own (dist-adamw) runs every candidate in each launch: its
+[[bench]] table takes op and workloads only, with the op's default options.
+
 Unknown keys and unknown names are errors that name the file, the key and what is accepted.
 """
 
