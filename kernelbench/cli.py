@@ -13,16 +13,17 @@ import glob
 import os
 import shutil
 import signal
-import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated
 
 import typer
 
 from .ops import get_op, load_all
 from .ops.base import UsageError
+from .ops.launched_op import LaunchedOp, OpOption
 from .report.output import Format, Output
 
 
@@ -111,7 +112,7 @@ def check_range(option: str, value, *, minimum=None, above=None) -> None:
         raise UsageError(f"{option} {value:g}: must be greater than {above:g}")
 
 
-def check_output_dir(path: Optional[Path]) -> None:
+def check_output_dir(path: Path | None) -> None:
     """-o names a folder that exists or can be made: not a file, not under a file."""
     if path is None:
         return
@@ -133,12 +134,17 @@ def check_output_dir(path: Optional[Path]) -> None:
 # ------------------------------------------------------------------------------------------------
 # Options shared by several commands.
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, or auto (cuda when visible).")]
-CandidateOpt = Annotated[Optional[list[str]], typer.Option("--candidate", "-c", help="Only these candidates (repeatable).")]
-WorkloadOpt = Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="Only these workloads (repeatable); default: the device's tier.")]
-ModeOpt = Annotated[Optional[list[str]], typer.Option("--mode", "-m", help="Only these modes, e.g. fwd, fwd+bwd (repeatable).")]
-StateOpt = Annotated[Optional[str], typer.Option("--state", help="Optimizer state dtype for ops that offer it (adam-mini: fp32, bf16, fp8).")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Report folder (default reports/<UTC time>-<verb>-<op>/; made if missing).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Added to every workload's seed [default: 0].")]
+CandidateOpt = Annotated[list[str] | None, typer.Option("--candidate", "-c",
+                                                       help="Only these candidates (repeatable).")]
+WorkloadOpt = Annotated[list[str] | None, typer.Option("--workload", "-w", help="Only these workloads (repeatable); "
+                                                                                "default: the device's tier.")]
+ModeOpt = Annotated[list[str] | None, typer.Option("--mode", "-m", help="Only these modes, e.g. fwd, fwd+bwd "
+                                                                        "(repeatable).")]
+StateOpt = Annotated[str | None, typer.Option("--state", help="Optimizer state dtype for ops that offer it "
+                                                              "(adam-mini: fp32, bf16, fp8).")]
+OutputOpt = Annotated[Path | None, typer.Option("--output-dir", "-o", help="Report folder (default reports/<UTC "
+                                                                           "time>-<verb>-<op>/; made if missing).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Added to every workload's seed [default: 0].")]
 FormatOpt = Annotated[Format, typer.Option(
     "--format", case_sensitive=False,
     help="table (text), markdown, json (an array of objects, one per row, each naming its table) or csv. "
@@ -146,6 +152,40 @@ FormatOpt = Annotated[Format, typer.Option(
 ParityDetailOpt = Annotated[str, typer.Option(
     "--parity-detail",
     help="worst: per-tensor parity rows only for failing tensors and the 3 worst per measure; full: every tensor.")]
+
+
+# Options only some ops take (dist-adamw's --nproc...): declared by those ops, checked through them.
+def _launched_ops() -> list[LaunchedOp]:
+    return [op for op in load_all().values() if isinstance(op, LaunchedOp)]
+
+
+_OP_OPTION_FLAGS = tuple(dict.fromkeys(flag for op in _launched_ops() for flag in op.options))
+
+
+def _option_owners(flag: str) -> list[LaunchedOp]:
+    return [op for op in _launched_ops() if flag in op.options]
+
+
+def _option_owner(flag: str) -> OpOption:
+    return _option_owners(flag)[0].options[flag]
+
+
+def _op_option_help(flag: str) -> str:
+    owners = _option_owners(flag)
+    if not owners:
+        return "(no op takes it)"
+    return f"{', '.join(o.name for o in owners)} only: {owners[0].options[flag].help}"
+
+
+def _foreign_options_error(given: dict) -> str:
+    """Options of other ops given to an op that does not take them: whose they are, and any look-alike."""
+    by_owner: dict[str, list[str]] = {}
+    for flag in given:
+        by_owner.setdefault(", ".join(o.name for o in _option_owners(flag)), []).append(flag)
+    parts = [f"{', '.join(flags)}: {owner} options only (kernelbench run {owner.split(',')[0]} ...)"
+             for owner, flags in by_owner.items()]
+    hints = [_option_owner(flag).elsewhere_hint for flag in given if _option_owner(flag).elsewhere_hint]
+    return "; ".join(parts + hints)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -168,7 +208,8 @@ def _list_device(requested: str) -> str:
 
 @app.command("list", epilog=EXIT_CODES_HELP)
 def list_cmd(device: DeviceOpt = "auto",
-             workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads (tier, modes, seed).")] = False,
+             workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads (tier, modes, "
+                                                                         "seed).")] = False,
              fmt: FormatOpt = Format.table) -> None:
     """Every op and candidate, and whether it can run here (and if not, why).
 
@@ -181,22 +222,12 @@ def list_cmd(device: DeviceOpt = "auto",
     rows = []
     for op in load_all().values():
         for cand in op.candidates.values():
-            unmet = cand.requires.unmet(dev)
-            runs = (f"no: {unmet}" if unmet else
-                    "interpreter: parity only" if cand.requires.interpreted(dev) else "yes")
             role = ", ".join(r for r, on in (("reference", cand.name == op.reference),
                                               ("anchor", cand.name == op.speed_anchor),
                                               ("baseline", cand.baseline)) if on)
             rows.append({"op": op.name, "candidate": cand.name,
                          "tags": ", ".join(f"{k}={v}" for k, v in cand.tags.items()),
-                         "role": role, "runs here": runs, "what": cand.doc})
-    # dist-adamw runs several processes, so it is no registry op; listed here all the same.
-    gpus = _gpu_count() if dev == "cuda" else 0
-    rows.append({"op": DIST_OP, "candidate": "sharded-zero1, allreduce+torch-fused", "tags": "", "role": "",
-                 "runs here": ("yes" if gpus >= 2 else
-                               "CPU ranks on Gloo: a run-through, not a measurement" if gpus == 0 else
-                               f"no: needs 2 GPUs, {gpus} visible"),
-                 "what": "ShardedAdamW vs all-reduce + fused AdamW: kernelbench run dist-adamw --nproc N"})
+                         "role": role, "runs here": op.availability(cand, dev), "what": cand.doc})
     out.table(f"kernelbench candidates (device: {dev})", rows, name="candidates")
     if workloads:
         wrows = [{"op": op.name, "workload": w.name, "tier": w.tier, "modes": ", ".join(op.modes()), "seed": w.seed}
@@ -235,7 +266,7 @@ def _plan(entries, device: str, seed: int):
     return plan
 
 
-def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
+def _check_parity_candidates(op_name: str, names: list[str] | None) -> None:
     """Candidates named for parity must include one that takes part in it (the reference and
     anchors computing something else are not checked)."""
     op = get_op(op_name)
@@ -250,7 +281,7 @@ def _check_parity_candidates(op_name: str, names: Optional[list[str]]) -> None:
                      + f". Checked candidates of '{op.name}': {', '.join(checked)}")
 
 
-def _check_names(op_name: str, workloads: Optional[list[str]], modes: Optional[list[str]]) -> None:
+def _check_names(op_name: str, workloads: list[str] | None, modes: list[str] | None) -> None:
     """Workload and mode names, checked before torch is imported."""
     op = get_op(op_name)
     for name in workloads or []:
@@ -260,7 +291,7 @@ def _check_names(op_name: str, workloads: Optional[list[str]], modes: Optional[l
             raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
 
 
-def _check_tags(op_name: str, names: Optional[list[str]], tags: dict) -> None:
+def _check_tags(op_name: str, names: list[str] | None, tags: dict) -> None:
     """-c with --state: every named candidate must have that state."""
     op = get_op(op_name)
     op.select(None, tags)  # the tag itself must exist
@@ -291,7 +322,7 @@ def _open_report(out: Output, folder: Path, fingerprint: dict, verb: str, settin
         raise fail(out, f"--output-dir {folder}: cannot write the report there ({exc.strerror or exc})") from None
 
 
-def _report_end(out: Output, writer, folder: Path, interruption: Optional[str], failures: list[str]) -> None:
+def _report_end(out: Output, writer, folder: Path, interruption: str | None, failures: list[str]) -> None:
     """Exit code and the lines that explain it: interrupted, parity failed, nothing ran."""
     if interruption:
         raise fail(out, f"interrupted by {interruption}: {folder} holds what was measured until then "
@@ -314,7 +345,7 @@ def _report_end(out: Output, writer, folder: Path, interruption: Optional[str], 
 
 
 def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, settings: dict, device: str,
-             output_dir: Optional[Path], seed: int, telemetry: bool = False, detail: str = "worst") -> None:
+             output_dir: Path | None, seed: int, telemetry: bool = False, detail: str = "worst") -> None:
     """Runs a plan into a report folder, prints the tables and exits with the right code."""
     from .harness.envinfo import fingerprint
     from .harness.runner import resolve_device, run_benchmarks, run_parity
@@ -322,6 +353,8 @@ def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, 
     from .report.tables import bench_table, parity_table
     from .report.writer import default_output_dir
 
+    launched = [e for e in bench_entries if isinstance(get_op(e.op), LaunchedOp)]
+    bench_entries = [e for e in bench_entries if e not in launched]
     with usage_errors(out):
         dev = resolve_device(settings.get("device", device) if device == "auto" else device)
         bench_plan = _plan(bench_entries, dev, seed)
@@ -353,6 +386,8 @@ def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, 
                     summaries.append(run_benchmarks(bench_plan, dev, writer, timing=timing,
                                                     rounds=int(settings.get("rounds", 3)), telemetry=telemetry,
                                                     on_progress=on_progress))
+                for entry in launched:
+                    _launch_entry(out, writer, folder, get_op(entry.op), entry.workloads, dev, on_progress)
                 for entry, plan in parity_plans:
                     summaries.append(run_parity(plan, dev, writer, steps=entry.steps, atol=entry.atol,
                                                 rtol=entry.rtol, detail=detail, on_progress=on_progress))
@@ -377,8 +412,8 @@ def _execute(out: Output, verb: str, label: str, bench_entries, parity_entries, 
 
 @app.command(epilog=EXIT_CODES_HELP)
 def run(
-    op: Annotated[Optional[str], typer.Argument(help="Op to benchmark; omit it to run the default suite.")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML suite (configs/*.toml).")] = None,
+    op: Annotated[str | None, typer.Argument(help="Op to benchmark; omit it to run the default suite.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML suite (configs/*.toml).")] = None,
     candidate: CandidateOpt = None,
     workload: WorkloadOpt = None,
     mode: ModeOpt = None,
@@ -386,18 +421,28 @@ def run(
     device: DeviceOpt = "auto",
     output_dir: OutputOpt = None,
     fmt: FormatOpt = Format.table,
-    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time replays of a CUDA graph (L2 flush captured and subtracted).")] = False,
-    warmup_ms: Annotated[Optional[float], typer.Option(help="Warm-up time per candidate and round, ms, >= 0 [default: 25, or the suite's].")] = None,
-    rep_ms: Annotated[Optional[float], typer.Option(help="Timed time per candidate over all rounds, ms, > 0 [default: 100, or the suite's].")] = None,
-    rounds: Annotated[Optional[int], typer.Option(help="Interleaved rounds (A B A B ...) per workload, >= 1 [default: 3, or the suite's].")] = None,
-    no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2", help="Keep L2 warm between reps (the report says so).")] = False,
-    parity_steps: Annotated[Optional[int], typer.Option(help="With an op: also check parity over this many optimizer steps / input draws (the parity command's --steps) [default: no parity].")] = None,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time replays of a CUDA graph (L2 flush captured "
+                                                                  "and subtracted).")] = False,
+    warmup_ms: Annotated[float | None, typer.Option(help="Warm-up time per candidate and round, ms, >= 0 [default: "
+                                                         "25, or the suite's].")] = None,
+    rep_ms: Annotated[float | None, typer.Option(help="Timed time per candidate over all rounds, ms, > 0 [default: "
+                                                      "100, or the suite's].")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Interleaved rounds (A B A B ...) per workload, >= 1 [default: 3, "
+                                                    "or the suite's].")] = None,
+    no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2",
+                                              help="Keep L2 warm between reps (the report says so).")] = False,
+    parity_steps: Annotated[int | None, typer.Option(help="With an op: also check parity over this many optimizer "
+                                                          "steps / input draws (the parity command's --steps) "
+                                                          "[default: no parity].")] = None,
     parity_detail: ParityDetailOpt = "worst",
-    telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry (adam-mini): record max |update|, max |m|, fp8 scales after the timed steps.")] = False,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help="dist-adamw only: ranks to start through torch.distributed.run [default: 2].")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="dist-adamw only: timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. For parity steps of other ops see --parity-steps.")] = None,
-    bucket_mb: Annotated[Optional[float], typer.Option("--bucket-mb", help="dist-adamw only: ShardedAdamW bucket size in MiB, > 0 (default: ShardedAdamW's, 256 with a gather group, 1024 without).")] = None,
-    gather_group: Annotated[Optional[bool], typer.Option("--gather-group/--no-gather-group", help="dist-adamw only: ShardedAdamW all-gathers on a second communicator, beside the reduce-scatters [default: on].")] = None,
+    telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry "
+                                                                "(adam-mini): record max |update|, max |m|, fp8 "
+                                                                "scales after the timed steps.")] = False,
+    nproc: Annotated[int | None, typer.Option("--nproc", help=_op_option_help("--nproc"))] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help=_op_option_help("--steps"))] = None,
+    bucket_mb: Annotated[float | None, typer.Option("--bucket-mb", help=_op_option_help("--bucket-mb"))] = None,
+    gather_group: Annotated[bool | None, typer.Option("--gather-group/--no-gather-group",
+                                                         help=_op_option_help("--gather-group"))] = None,
     seed: SeedOpt = None,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
@@ -417,37 +462,36 @@ def run(
         ("--nproc", nproc), ("--steps", steps), ("--bucket-mb", bucket_mb), ("--gather-group", gather_group),
         ("--seed", seed), ("--config", config),
         ("--parity-detail", None if parity_detail == "worst" else parity_detail)) if value is not None}
-    dist_only = [k for k in ("--nproc", "--steps", "--bucket-mb", "--gather-group") if k in given]
+    op_options = {k: given[k] for k in _OP_OPTION_FLAGS if k in given}
+    target = None
     with usage_errors(out):
         check_range("--rounds", rounds, minimum=1)
         check_range("--rep-ms", rep_ms, above=0)
         check_range("--warmup-ms", warmup_ms, minimum=0)
         check_range("--parity-steps", parity_steps, minimum=0)
-        check_range("--nproc", nproc, minimum=1)
-        check_range("--steps", steps, minimum=1)
-        check_range("--bucket-mb", bucket_mb, above=0)
+        for flag, value in op_options.items():
+            _option_owner(flag).check(value)
         if parity_detail not in ("worst", "full"):
             raise UsageError(f"--parity-detail {parity_detail}: accepted: worst, full")
         check_output_dir(output_dir)
         if op is not None and config is not None:
             raise UsageError("give an op or --config, not both")
-        if op == DIST_OP:
-            wrong = [k for k in given if k not in ("-w/--workload", "--nproc", "--steps", "--bucket-mb", "--gather-group")]
+        target = get_op(op) if op is not None else None
+        if isinstance(target, LaunchedOp):
+            wrong = [k for k in given if k not in target.takes and k not in target.options]
             if wrong:
-                raise UsageError(f"{', '.join(wrong)}: not accepted by dist-adamw, which takes -w, --device, -o, "
-                                 "--format, --nproc, --steps, --bucket-mb and --gather-group/--no-gather-group")
-        elif dist_only:
-            raise UsageError(f"{', '.join(dist_only)}: dist-adamw options only (kernelbench run dist-adamw ...)"
-                             + ("; parity steps are --parity-steps" if "--steps" in dist_only else ""))
+                raise UsageError(f"{', '.join(wrong)}: not accepted by {target.name}, which takes "
+                                 f"{target.accepted_text()}")
+        elif op_options:
+            raise UsageError(_foreign_options_error(op_options))
         if op is None:
             chooses = [k for k in ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry",
                                    "--parity-steps") if k in given]
             if chooses:
                 raise UsageError(f"{', '.join(chooses)}: choose what runs, so they need an op "
                                  "(kernelbench run OP ...); a suite's [[bench]] / [[parity]] tables choose for it")
-    if op == DIST_OP:
-        _run_distributed(out, device, nproc or 2, workload, steps, bucket_mb,
-                         True if gather_group is None else gather_group, output_dir)
+    if isinstance(target, LaunchedOp):
+        _run_launched(out, target, device, workload, op_options, output_dir)
         return
     from .config import Entry, configs_dir, load_suite
 
@@ -481,69 +525,58 @@ def run(
     _execute(out, "run", label, bench, parity, settings, device, output_dir, seed or 0, telemetry, parity_detail)
 
 
-DIST_OP = "dist-adamw"
+def _launch_entry(out: Output, writer, folder: Path, op: LaunchedOp, workloads: list[str] | None, dev: str,
+                  on_progress, given: dict | None = None) -> None:
+    """Every workload of one launched op's entry into the report; a failed launch is an error row."""
+    names = [op.workload(name).name for name in workloads] if workloads else [
+        w.name for w in op.workloads_for("gpu" if dev == "cuda" else "cpu")]
+    settings = op.settings(dev, given or {})
+    runner = op.load_runner()
+    for name in names:
+        on_progress(op.progress_text(name, settings))
+        rows, error = runner(op, name, dev, folder, settings)
+        for row in rows:
+            writer.add(row)
+        if error:
+            out.error(error)
 
 
-def _run_distributed(out: Output, device: str, nproc: int, workloads: Optional[list[str]], steps: Optional[int],
-                     bucket_mb: Optional[float], gather_group: bool, output_dir: Optional[Path]) -> None:
-    """dist-adamw: one torch.distributed.run launch per workload; its JSON becomes report rows."""
-    from .dist.launch import CPU_WORKLOAD, launch, result_rows
+def _run_launched(out: Output, op: LaunchedOp, device: str, workloads: list[str] | None, given: dict,
+                  output_dir: Path | None) -> None:
+    """An op that starts its own processes: one launch per workload; each becomes report rows."""
     from .harness.envinfo import fingerprint
+    from .harness.runner import resolve_device
     from .report.tables import bench_table
     from .report.writer import default_output_dir
 
-    if device not in ("auto", "cpu", "cuda"):
-        raise fail(out, f"--device {device}: accepted values are cpu, cuda, auto")
-    cuda = _cuda_visible()
-    if device == "cuda" and not cuda:
-        raise fail(out, "--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
-    dev = "cuda" if cuda and device != "cpu" else "cpu"
-    if dev == "cpu":
-        out.note("dist-adamw on CPU ranks (Gloo, Triton interpreter): a run-through, not a measurement; "
-                 f"default workload {CPU_WORKLOAD}.", "yellow")
-    default_workloads, default_steps = dist_defaults(dev)
-    workloads, steps = workloads or default_workloads, steps or default_steps
-    folder = output_dir or default_output_dir("run", DIST_OP)
+    with usage_errors(out):
+        dev = resolve_device(device)
+        for name in workloads or []:
+            op.workload(name)
+    note = op.device_note(dev)
+    if note:
+        out.note(note, "yellow")
+    settings = op.settings(dev, given)
+    folder = output_dir or default_output_dir("run", op.name)
     outcome, interruption = "failed", None
     with interrupts():
-        writer = _open_report(out, folder, fingerprint(dev, 0), "run",
-                              {"nproc": nproc, "steps": steps, "bucket_mb": bucket_mb, "gather_group": gather_group})
+        writer = _open_report(out, folder, fingerprint(dev, 0), "run", settings)
         try:
-            for name in workloads:
-                with usage_errors(out), _progress(out) as on_progress:
-                    on_progress(f"{DIST_OP} {name} on {nproc} ranks (torch.distributed.run)")
-                    try:
-                        result = launch(nproc, name, steps, folder / f"{DIST_OP}-{name}.json", bucket_mb=bucket_mb,
-                                        gather_group=gather_group, cpu=dev == "cpu")
-                    except RuntimeError as exc:
-                        writer.add({"op": DIST_OP, "workload": name, "mode": f"{nproc} ranks", "candidate": "sharded-zero1",
-                                    "metric": "time_median_ms", "value": None, "unit": "ms", "status": "error",
-                                    "flags": "", "tensor": "", "message": str(exc)[-2000:]})
-                        out.error(str(exc).splitlines()[0])
-                        continue
-                for row in result_rows(result):
-                    writer.add(row)
+            with usage_errors(out), _progress(out) as on_progress:
+                _launch_entry(out, writer, folder, op, workloads, dev, on_progress, given)
             outcome = "complete"
         except KeyboardInterrupt as exc:
             outcome, interruption = "interrupted", interruption_name(exc)
         finally:
             writer.close(outcome, interruption)
-    out.table(f"run: {DIST_OP}", bench_table(writer.frame()), name="speed")
+    out.table(f"run: {op.name}", bench_table(writer.frame()), name="speed")
     out.flush()
     out.note(f"Report: {folder}")
     if interruption:
         raise fail(out, f"interrupted by {interruption}: the ranks were stopped; {folder} says so",
                    interruption_code(interruption))
     if not any(r["status"] in ("ok", "not-measured") for r in writer.rows):
-        raise fail(out, f"{DIST_OP}: no run completed (see the error above and the error rows)", Exit.NOTHING_RAN)
-
-
-def dist_defaults(device: str) -> tuple[list[str], int]:
-    """dist-adamw's workloads and timed steps when none are given: ANCHORS' model on GPUs, a
-    model-shaped workload the interpreter finishes in seconds on CPU ranks."""
-    from .dist.launch import CPU_WORKLOAD
-
-    return (["model-370m"], 50) if device == "cuda" else ([CPU_WORKLOAD], 10)
+        raise fail(out, f"{op.name}: no run completed (see the error above and the error rows)", Exit.NOTHING_RAN)
 
 
 def _cuda_visible() -> bool:
@@ -552,16 +585,11 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @app.command(epilog=EXIT_CODES_HELP)
 def autoselect(
     op: Annotated[str, typer.Argument(help="rmsnorm or rotary.")],
-    shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: BxHqxHkxSxDxROTARY_DIM.")],
+    shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: "
+                                                       "BxHqxHkxSxDxROTARY_DIM.")],
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     mode: Annotated[str, typer.Option("--mode", help="fwd or fwd+bwd.")] = "fwd+bwd",
     variant: Annotated[str, typer.Option("--variant", help="rotary: <style>-<layout>, e.g. half-bhsd.")] = "",
@@ -595,9 +623,10 @@ def autoselect(
 @app.command(epilog=EXIT_CODES_HELP)
 def parity(
     op: Annotated[str, typer.Argument(help="Op to check.")],
-    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps (optimizers) or fresh input draws (functions) compared, >= 1 (run's --parity-steps).")] = 10,
-    atol: Annotated[Optional[float], typer.Option(help="Override the op's absolute tolerance (>= 0).")] = None,
-    rtol: Annotated[Optional[float], typer.Option(help="Override the op's relative tolerance (>= 0).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps (optimizers) or fresh input draws (functions) "
+                                                       "compared, >= 1 (run's --parity-steps).")] = 10,
+    atol: Annotated[float | None, typer.Option(help="Override the op's absolute tolerance (>= 0).")] = None,
+    rtol: Annotated[float | None, typer.Option(help="Override the op's relative tolerance (>= 0).")] = None,
     candidate: CandidateOpt = None,
     workload: WorkloadOpt = None,
     mode: ModeOpt = None,
@@ -620,6 +649,8 @@ def parity(
         if parity_detail not in ("worst", "full"):
             raise UsageError(f"--parity-detail {parity_detail}: accepted: worst, full")
         check_output_dir(output_dir)
+        if isinstance(get_op(op), LaunchedOp):
+            raise UsageError(get_op(op).not_a_case())
         get_op(op).select(candidate, tags)
         _check_tags(op, candidate, tags)
         _check_names(op, workload, mode)
@@ -632,10 +663,15 @@ def parity(
 def compare(
     base: Annotated[Path, typer.Argument(help="Report folder of the baseline run.")],
     new: Annotated[Path, typer.Argument(help="Report folder of the new run.")],
-    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression, >= 0 (0.05 = 5%); a row's own noise (IQR / median) raises it.")] = 0.05,
-    force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions anyway (the output says so).")] = False,
-    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Accept rows of BASE absent from NEW, or no row in common (otherwise exit 2).")] = False,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Also write compare.csv and compare.md into this folder [default: none: print only].")] = None,
+    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression, >= 0 (0.05 = 5%); a row's "
+                                                  "own noise (IQR / median) raises it.")] = 0.05,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions "
+                                                        "anyway (the output says so).")] = False,
+    allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Accept rows of BASE absent from NEW, or no "
+                                                                        "row in common (otherwise exit 2).")] = False,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Also write compare.csv and compare.md "
+                                                                               "into this folder [default: none: "
+                                                                               "print only].")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Ratio of medians per matching row of two report folders; exit 3 on a regression.
@@ -679,8 +715,10 @@ def compare(
 @app.command(epilog=EXIT_CODES_HELP)
 def env(
     device: DeviceOpt = "auto",
-    ceilings: Annotated[bool, typer.Option("--ceilings", help="Also measure copy bandwidth and bf16 matmul rate (CUDA only; takes a few seconds).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the fingerprint as one JSON object (what run.json records).")] = False,
+    ceilings: Annotated[bool, typer.Option("--ceilings", help="Also measure copy bandwidth and bf16 matmul rate (CUDA "
+                                                              "only; takes a few seconds).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the fingerprint as one JSON object (what run.json "
+                                                         "records).")] = False,
 ) -> None:
     """The environment fingerprint that every report records."""
     import json
@@ -708,15 +746,23 @@ def env(
 
 @app.command("train", epilog=EXIT_CODES_HELP)
 def train_cmd(
-    op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op (rmsnorm, rotary).")],
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on the CPU).")] = None,
-    batch: Annotated[Optional[int], typer.Option("--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
-    seq: Annotated[Optional[int], typer.Option("--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
+    op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op "
+                                           "(rmsnorm, rotary).")],
+    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on "
+                                                              "the CPU).")] = None,
+    batch: Annotated[int | None, typer.Option(
+        "--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the initial weights and of the token stream.")] = 0,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate for every candidate (default: the op's).")] = None,
-    rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on each side.")] = 0.01,
-    ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their spread is the band.")] = 3,
-    model: Annotated[Optional[str], typer.Option("--model", help="A kernelbench.models config (default: llama-7m on CUDA, llama-tiny on the CPU).")] = None,
+    lr: Annotated[float | None, typer.Option(
+        "--lr", help="Learning rate for every candidate (default: the op's).")] = None,
+    rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on "
+                                                       "each side.")] = 0.01,
+    ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their "
+                                                               "spread is the band.")] = 3,
+    model: Annotated[str | None, typer.Option("--model", help="A kernelbench.models config (default: llama-7m on "
+                                                              "CUDA, llama-tiny on the CPU).")] = None,
     candidate: CandidateOpt = None,
     state: StateOpt = None,
     device: DeviceOpt = "auto",
@@ -773,7 +819,8 @@ def train_cmd(
 
 @app.command("plot", epilog=EXIT_CODES_HELP)
 def plot_cmd(
-    report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare --output-dir).")],
+    report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare "
+                                                           "--output-dir).")],
 ) -> None:
     """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
     out = Output(Format.table)
@@ -791,11 +838,3 @@ def plot_cmd(
             out.note(f"{folder}: nothing to plot (no speed ratio, sweep, parity, loss or compare rows)")
         for path in paths:
             out.note(f"wrote {path}")
-
-
-def main() -> None:  # pragma: no cover - console script entry
-    app(prog_name="kernelbench")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -19,6 +19,9 @@
     [[parity]]                   # one table per op to check; same keys, plus
     steps = 10
 
+An op that starts processes of its own (dist-adamw) runs every candidate in each launch: its
+[[bench]] table takes op and workloads only, with the op's default options.
+
 Unknown keys and unknown names are errors that name the file, the key and what is accepted.
 """
 
@@ -110,6 +113,12 @@ def _entry(path: Path, where: str, table: Any, allowed: set[str]) -> Entry:
         for mode in table.get("modes", []):
             if mode not in op.modes():
                 raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
+        if op.kind == "multi-process":
+            own = [k for k in ("candidates", "exclude", "modes", "tags") if k in table]
+            if own or where.startswith("[[parity]]"):
+                raise UsageError(f"op '{op.name}' runs every candidate in its own processes and checks them "
+                                 f"there: a [[bench]] table with op and workloads only"
+                                 + (f" (drop {', '.join(own)})" if own else ""))
         tags = table.get("tags", {})
         if not isinstance(tags, dict):
             raise UsageError(f"tags = {tags!r}: expected a table like {{ state = \"fp8\" }}")

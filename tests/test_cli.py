@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelbench.cli import app
-from kernelbench.harness.runner import ROW_FIELDS
+from kernelbench.harness.rows import ROW_FIELDS
 
 runner = CliRunner()
 
@@ -33,7 +33,12 @@ def test_run_writes_the_four_report_files(tmp_path):
                     "--parity-steps", "2", "--output-dir", out)
     assert result.exit_code == 0, result.output
     # plus the plots (ratios to the anchor) when matplotlib is installed
-    assert {p.name for p in out.iterdir() if p.suffix != ".png"} == {"results.csv", "run.json", "summary.md", "junit.xml"}
+    assert {p.name for p in out.iterdir() if p.suffix != ".png"} == {
+        "results.csv",
+        "run.json",
+        "summary.md",
+        "junit.xml",
+    }
     rows = pd.read_csv(out / "results.csv")
     assert list(rows.columns) == list(ROW_FIELDS)
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
@@ -53,8 +58,24 @@ def test_run_writes_the_four_report_files(tmp_path):
 
 def test_parity_exit_code_1_when_a_check_fails(tmp_path):
     # torch's fused AdamW differs from the for-loop one by rounding: zero tolerance fails it.
-    result = invoke("parity", "adamw", "--steps", "2", "-w", "tiny", "-c", "torch-fused",
-                    "--atol", "0", "--rtol", "0", "--device", "cpu", "--output-dir", tmp_path)
+    result = invoke(
+        "parity",
+        "adamw",
+        "--steps",
+        "2",
+        "-w",
+        "tiny",
+        "-c",
+        "torch-fused",
+        "--atol",
+        "0",
+        "--rtol",
+        "0",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path,
+    )
     assert result.exit_code == 1, result.output
     assert "parity failed" in result.output
     failure = ET.parse(tmp_path / "junit.xml").getroot().find(".//failure")
@@ -62,23 +83,42 @@ def test_parity_exit_code_1_when_a_check_fails(tmp_path):
 
 
 def test_parity_passes_within_the_op_tolerance(tmp_path):
-    result = invoke("parity", "adamw", "--steps", "3", "-w", "tiny", "-c", "torch-foreach", "-c", "torch-fused",
-                    "--device", "cpu", "--parity-detail", "full", "--output-dir", tmp_path)
+    result = invoke(
+        "parity",
+        "adamw",
+        "--steps",
+        "3",
+        "-w",
+        "tiny",
+        "-c",
+        "torch-foreach",
+        "-c",
+        "torch-fused",
+        "--device",
+        "cpu",
+        "--parity-detail",
+        "full",
+        "--output-dir",
+        tmp_path,
+    )
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "results.csv")
     per_tensor = rows[rows.metric == "parity_max_abs"]
     assert set(per_tensor.tensor) >= {"w0", "w0.exp_avg", "w0.exp_avg_sq", "b0.exp_avg"}
 
 
-@pytest.mark.parametrize("args, expected", [
-    (("run", "adamx"), "Did you mean 'adamw'"),
-    (("run", "adamw", "-c", "torch-fusd"), "Did you mean 'torch-fused'"),
-    (("run", "adamw", "-w", "model-37m"), "Did you mean 'model-370m'"),
-    (("run", "adam-mini", "--state", "fp9"), "accepted: fp32, bf16, fp8"),
-    (("run", "adamw", "--state", "fp8"), "has no option --state"),
-    (("parity", "rmsnorm", "--steps", "0"), "at least 1"),
-    (("run", "adamw", "--device", "tpu"), "accepted values are cpu, cuda, auto"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("run", "adamx"), "Did you mean 'adamw'"),
+        (("run", "adamw", "-c", "torch-fusd"), "Did you mean 'torch-fused'"),
+        (("run", "adamw", "-w", "model-37m"), "Did you mean 'model-370m'"),
+        (("run", "adam-mini", "--state", "fp9"), "accepted: fp32, bf16, fp8"),
+        (("run", "adamw", "--state", "fp8"), "has no option --state"),
+        (("parity", "rmsnorm", "--steps", "0"), "at least 1"),
+        (("run", "adamw", "--device", "tpu"), "accepted values are cpu, cuda, auto"),
+    ],
+)
 def test_bad_input_exits_2_naming_what_is_accepted(args, expected, tmp_path):
     result = invoke(*args, "--output-dir", tmp_path / "x") if args[0] != "list" else invoke(*args)
     assert result.exit_code == 2, result.output
@@ -108,8 +148,22 @@ def test_exit_4_when_no_requested_candidate_can_run(tmp_path):
 
 def _bench(tmp_path, name):
     out = tmp_path / name
-    result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "-c", "torch-forloop",
-                    "--rep-ms", "5", "--warmup-ms", "1", "--output-dir", out)
+    result = invoke(
+        "run",
+        "adamw",
+        "--device",
+        "cpu",
+        "-w",
+        "tiny",
+        "-c",
+        "torch-forloop",
+        "--rep-ms",
+        "5",
+        "--warmup-ms",
+        "1",
+        "--output-dir",
+        out,
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -184,8 +238,21 @@ def test_every_op_module_imports():
 
 
 def test_telemetry_rows_come_from_the_optimizer(tmp_path):
-    result = invoke("run", "adam-mini", "--state", "fp8", "-c", "triton-fp8", "--device", "cpu",
-                    "-w", "llama-tiny", "--telemetry", "--output-dir", tmp_path)
+    result = invoke(
+        "run",
+        "adam-mini",
+        "--state",
+        "fp8",
+        "-c",
+        "triton-fp8",
+        "--device",
+        "cpu",
+        "-w",
+        "llama-tiny",
+        "--telemetry",
+        "--output-dir",
+        tmp_path,
+    )
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "results.csv")
     tele = rows[rows.metric.str.startswith("telemetry_")]
@@ -205,8 +272,9 @@ def test_autoselect_answers_without_cuda_and_rejects_bad_shapes():
 
 
 def test_dist_adamw_runs_two_ranks_through_torchrun(tmp_path):
-    result = invoke("run", "dist-adamw", "--nproc", "2", "--steps", "2", "-w", "tiny", "--gather-group",
-                    "--output-dir", tmp_path)
+    result = invoke(
+        "run", "dist-adamw", "--nproc", "2", "--steps", "2", "-w", "tiny", "--gather-group", "--output-dir", tmp_path
+    )
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "results.csv")
     assert rows["mode"].str.endswith("all-gathers on a second communicator").all()
@@ -216,3 +284,14 @@ def test_dist_adamw_runs_two_ranks_through_torchrun(tmp_path):
     assert medians.loc["allreduce+torch-fused", "status"] == "ok"
     assert (tmp_path / "dist-adamw-tiny.json").is_file()
     assert rows[rows.metric == "parity_max_rel_vs_allreduce_fused"].value.iloc[0] <= 1e-6
+
+
+def test_a_suite_runs_dist_adamw_through_the_registry(tmp_path):
+    suite = tmp_path / "dist.toml"
+    suite.write_text('[suite]\ndevice = "cpu"\n[[bench]]\nop = "dist-adamw"\nworkloads = ["tiny"]\n')
+    result = invoke("run", "--config", suite, "--output-dir", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "r" / "results.csv")
+    assert set(rows.op) == {"dist-adamw"} and set(rows.workload) == {"tiny"}
+    medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
+    assert medians.loc["allreduce+torch-fused", "status"] == "ok"

@@ -160,9 +160,30 @@ def _wait_for(predicate, timeout_s: float) -> bool:
 @pytest.mark.parametrize("how", ["SIGTERM to the parent", "SIGINT to the process group", "SIGKILL to the parent"])
 def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how):
     out = tmp_path / "dist"
-    proc = subprocess.Popen([sys.executable, "-m", "kernelbench", "run", "dist-adamw", "--nproc", "2", "--device", "cpu",
-                             "-w", "tiny", "--steps", "1000000", "-o", out], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernelbench",
+            "run",
+            "dist-adamw",
+            "--nproc",
+            "2",
+            "--device",
+            "cpu",
+            "-w",
+            "tiny",
+            "--steps",
+            "1000000",
+            "-o",
+            out,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     marker = str(out / "dist-adamw-tiny.json")  # on torchrun's and every rank's command line
     try:
         # torchrun plus two ranks (their command lines carry the output path).
@@ -198,9 +219,29 @@ def test_dist_launch_timeout_kills_every_rank(tmp_path):
 def test_sigterm_closes_the_report_like_ctrl_c(tmp_path):
     out = tmp_path / "r"
     # A million parity steps: still running when the signal comes, however loaded the machine.
-    proc = subprocess.Popen([sys.executable, "-m", "kernelbench", "parity", "adamw", "--device", "cpu", "-w", "tiny",
-                             "-c", "torch-foreach", "--steps", "1000000", "-o", out], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernelbench",
+            "parity",
+            "adamw",
+            "--device",
+            "cpu",
+            "-w",
+            "tiny",
+            "-c",
+            "torch-foreach",
+            "--steps",
+            "1000000",
+            "-o",
+            out,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert _wait_for(lambda: (out / "run.json").is_file(), 120)
         time.sleep(2)  # into the steps
@@ -216,8 +257,10 @@ def test_sigterm_closes_the_report_like_ctrl_c(tmp_path):
 
 
 def test_a_closed_pipe_is_not_a_failure(tmp_path):
-    cmd = (f"{sys.executable} -m kernelbench run adamw --device cpu -w tiny -c torch-forloop --rep-ms 5 "
-           f"--warmup-ms 1 -o {tmp_path / 'r'} | head -1; exit ${{PIPESTATUS[0]}}")
+    cmd = (
+        f"{sys.executable} -m kernelbench run adamw --device cpu -w tiny -c torch-forloop --rep-ms 5 "
+        f"--warmup-ms 1 -o {tmp_path / 'r'} | head -1; exit ${{PIPESTATUS[0]}}"
+    )
     result = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
@@ -234,8 +277,8 @@ def test_dist_adamw_honours_device_cuda_without_cuda(tmp_path):
 
 
 def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
-    from kernelbench.cli import dist_defaults
     from kernelbench.dist.bench import workloads
+    from kernelbench.ops.dist_adamw import defaults as dist_defaults
     from kernelbench.ops.optimizer_op import workload_numel
 
     (cpu_workload,), steps = dist_defaults("cpu")
@@ -247,20 +290,28 @@ def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
 
 
 # -- 7. one line and exit 2 instead of a traceback -----------------------------------------------
-@pytest.mark.parametrize("args, expected", [
-    (("run", "adamw", "--rounds", "0"), "--rounds 0: must be at least 1"),
-    (("run", "adamw", "--rounds", "-2"), "--rounds -2: must be at least 1"),
-    (("run", "adamw", "--rep-ms", "-1"), "--rep-ms -1: must be greater than 0"),
-    (("run", "adamw", "--rep-ms", "0"), "--rep-ms 0: must be greater than 0"),
-    (("run", "adamw", "--warmup-ms", "-1"), "--warmup-ms -1: must be at least 0"),
-    (("parity", "adamw", "--atol", "-1"), "--atol -1: must be at least 0"),
-    (("compare", ".", ".", "--threshold", "-1"), "--threshold -1: must be at least 0"),
-    (("run", "dist-adamw", "--bucket-mb", "-1"), "--bucket-mb -1: must be greater than 0"),
-    (("run", "adamw", "--steps", "5"), "dist-adamw options only"),
-    (("run", "adamw", "--nproc", "4", "--bucket-mb", "3"), "--nproc, --bucket-mb: dist-adamw options only"),
-    (("run", "dist-adamw", "-c", "triton", "--state", "fp8"), "-c/--candidate, --state: not accepted by dist-adamw"),
-    (("run", "adam-mini", "-c", "triton-fp32", "--state", "fp8"), "has state=fp32, not --state fp8"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("run", "adamw", "--rounds", "0"), "--rounds 0: must be at least 1"),
+        (("run", "adamw", "--rounds", "-2"), "--rounds -2: must be at least 1"),
+        (("run", "adamw", "--rep-ms", "-1"), "--rep-ms -1: must be greater than 0"),
+        (("run", "adamw", "--rep-ms", "0"), "--rep-ms 0: must be greater than 0"),
+        (("run", "adamw", "--warmup-ms", "-1"), "--warmup-ms -1: must be at least 0"),
+        (("parity", "adamw", "--atol", "-1"), "--atol -1: must be at least 0"),
+        (("compare", ".", ".", "--threshold", "-1"), "--threshold -1: must be at least 0"),
+        (("run", "dist-adamw", "--bucket-mb", "-1"), "--bucket-mb -1: must be greater than 0"),
+        (("run", "adamw", "--steps", "5"), "dist-adamw options only"),
+        (("run", "adamw", "--nproc", "4", "--bucket-mb", "3"), "--nproc, --bucket-mb: dist-adamw options only"),
+        (
+            ("run", "dist-adamw", "-c", "triton", "--state", "fp8"),
+            "-c/--candidate, --state: not accepted by dist-adamw",
+        ),
+        (("run", "adam-mini", "-c", "triton-fp32", "--state", "fp8"), "has state=fp32, not --state fp8"),
+        (("run", "dist-adamw", "--nproc", "0"), "--nproc 0: must be at least 1"),
+        (("parity", "dist-adamw"), "times its candidates inside the processes it starts"),
+    ],
+)
 def test_bad_values_exit_2_with_one_line(args, expected, tmp_path):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
@@ -271,28 +322,40 @@ def test_bad_values_exit_2_with_one_line(args, expected, tmp_path):
 def test_output_dir_that_cannot_be_a_folder(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    for target, expected in ((a_file, "is a file"), (a_file / "sub", "is a file, so no folder"),
-                             (Path("/proc/kernelbench-no/r"), "cannot")):
+    for target, expected in (
+        (a_file, "is a file"),
+        (a_file / "sub", "is a file, so no folder"),
+        (Path("/proc/kernelbench-no/r"), "cannot"),
+    ):
         result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "-c", "torch-forloop", "-o", target)
         assert result.exit_code == 2 and expected in result.output, result.output
         assert len(_error_lines(result.stderr)) == 1
 
 
 def test_a_usage_error_leaves_no_empty_report_folder(tmp_path):
-    for args in (("run", "adamw", "--rounds", "0"), ("run", "adamw", "-w", "nope"), ("parity", "adamw", "--steps", "0")):
+    for args in (
+        ("run", "adamw", "--rounds", "0"),
+        ("run", "adamw", "-w", "nope"),
+        ("parity", "adamw", "--steps", "0"),
+    ):
         result = invoke(*args, "--device", "cpu", "-o", tmp_path / "r")
         assert result.exit_code == 2 and not (tmp_path / "r").exists(), result.output
 
 
-@pytest.mark.parametrize("body, expected", [
-    ('[[bench]]\nop = "adamw"\ncandidates = [1]\n', "candidates = [1]: expected a list of strings"),
-    ('bench = 5\n', "bench = 5: expected [[bench]] tables"),
-    ('[[bench]]\nop = "adamw"\nexclude = "triton"\n', "exclude = 'triton': expected a list of strings"),
-    ('[suite]\nrepms = 3\n[[bench]]\nop = "adamw"\n', "unknown key 'repms' in [suite]; accepted:"),
-    ('', "no [[bench]] or [[parity]] table"),
-    ('[[parity]]\nop = "adamw"\nsteps = 0\n', "[[parity]] #1.steps = 0: must be at least 1"),
-    ('[suite]\nrounds = 0\n[[bench]]\nop = "adamw"\n', "[suite].rounds = 0: must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ('[[bench]]\nop = "adamw"\ncandidates = [1]\n', "candidates = [1]: expected a list of strings"),
+        ("bench = 5\n", "bench = 5: expected [[bench]] tables"),
+        ('[[bench]]\nop = "adamw"\nexclude = "triton"\n', "exclude = 'triton': expected a list of strings"),
+        ('[suite]\nrepms = 3\n[[bench]]\nop = "adamw"\n', "unknown key 'repms' in [suite]; accepted:"),
+        ("", "no [[bench]] or [[parity]] table"),
+        ('[[parity]]\nop = "adamw"\nsteps = 0\n', "[[parity]] #1.steps = 0: must be at least 1"),
+        ('[suite]\nrounds = 0\n[[bench]]\nop = "adamw"\n', "[suite].rounds = 0: must be >= 1"),
+        ('[[bench]]\nop = "dist-adamw"\ncandidates = ["sharded-zero1"]\n', "op and workloads only (drop candidates)"),
+        ('[[parity]]\nop = "dist-adamw"\n', "a [[bench]] table with op and workloads only"),
+    ],
+)
 def test_config_errors_are_one_literal_line_naming_the_file(body, expected, tmp_path):
     config = tmp_path / "suite.toml"
     config.write_text(body)
@@ -339,8 +402,20 @@ def test_config_text_is_not_read_as_markup(tmp_path):
 
 # -- 9. flags that cannot apply, and CLI values over the suite's ---------------------------------
 def test_flags_a_suite_cannot_take_are_errors(tmp_path):
-    result = invoke("run", "--config", ROOT / "configs" / "quick.toml", "-c", "triton", "-w", "model-370m",
-                    "-m", "fwd", "--state", "fp8", "--telemetry")
+    result = invoke(
+        "run",
+        "--config",
+        ROOT / "configs" / "quick.toml",
+        "-c",
+        "triton",
+        "-w",
+        "model-370m",
+        "-m",
+        "fwd",
+        "--state",
+        "fp8",
+        "--telemetry",
+    )
     assert result.exit_code == 2
     for flag in ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry"):
         assert flag in result.stderr
@@ -348,8 +423,10 @@ def test_flags_a_suite_cannot_take_are_errors(tmp_path):
 
 def test_a_cli_value_overrides_the_suite_even_when_it_equals_the_default(tmp_path):
     config = tmp_path / "suite.toml"
-    config.write_text('[suite]\ndevice = "cpu"\nrounds = 2\nrep_ms = 5\nwarmup_ms = 1\n'
-                      '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-forloop"]\n')
+    config.write_text(
+        '[suite]\ndevice = "cpu"\nrounds = 2\nrep_ms = 5\nwarmup_ms = 1\n'
+        '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-forloop"]\n'
+    )
     result = invoke("run", "--config", config, "--rounds", "3", "-o", tmp_path / "r")
     assert result.exit_code == 0, result.output
     settings = json.loads((tmp_path / "r" / "run.json").read_text())["settings"]
@@ -360,8 +437,24 @@ def test_a_cli_value_overrides_the_suite_even_when_it_equals_the_default(tmp_pat
 def test_compare_with_no_common_rows_or_dropped_rows_is_an_error(tmp_path):
     base = _tiny_bench(tmp_path, "base")
     other = tmp_path / "other"
-    result = invoke("run", "rmsnorm", "--device", "cpu", "-w", "64x256-fp32", "-c", "torch-eager", "-m", "fwd",
-                    "--rep-ms", "5", "--warmup-ms", "1", "-o", other)
+    result = invoke(
+        "run",
+        "rmsnorm",
+        "--device",
+        "cpu",
+        "-w",
+        "64x256-fp32",
+        "-c",
+        "torch-eager",
+        "-m",
+        "fwd",
+        "--rep-ms",
+        "5",
+        "--warmup-ms",
+        "1",
+        "-o",
+        other,
+    )
     assert result.exit_code == 0, result.output
     unrelated = invoke("compare", base, other)
     assert unrelated.exit_code == 2 and "no rows in common" in unrelated.stderr
@@ -415,13 +508,16 @@ def _timed(cmd) -> float:
 
 
 # -- 13. help and README agree ------------------------------------------------------------------
-@pytest.mark.parametrize("command, options", [
-    ("run", ["--parity-steps", "--parity-detail", "--format", "--steps", "dist-adamw only", "Exit codes"]),
-    ("parity", ["--steps", "--parity-detail", "--format", "Exit codes"]),
-    ("compare", ["--threshold", "--force", "--allow-missing", "--output-dir", "print only", "Exit codes"]),
-    ("env", ["--json", "--ceilings"]),
-    ("list", ["--workloads", "--format", "Exit codes"]),
-])
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        ("run", ["--parity-steps", "--parity-detail", "--format", "--steps", "dist-adamw only", "Exit codes"]),
+        ("parity", ["--steps", "--parity-detail", "--format", "Exit codes"]),
+        ("compare", ["--threshold", "--force", "--allow-missing", "--output-dir", "print only", "Exit codes"]),
+        ("env", ["--json", "--ceilings"]),
+        ("list", ["--workloads", "--format", "Exit codes"]),
+    ],
+)
 def test_help_documents_the_options_and_the_readme_too(command, options):
     text = " ".join(invoke(command, "--help", env={"COLUMNS": "200"}).stdout.split())
     readme = (ROOT / "README.md").read_text()
@@ -444,29 +540,50 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
     # The throwaway venv sees this interpreter's packages (torch, hatchling...): no download.
-    purelib = subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(purelib) / "_parent_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = by_name["Install"]["run"]
     assert "pip install -e ." in install
-    subprocess.run([venv / "bin" / "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-e", ROOT],
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [venv / "bin" / "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-e", ROOT],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert subprocess.run([venv / "bin" / "kernelbench", "--help"], capture_output=True, timeout=60).returncode == 0
 
     # The suite and compare steps, verbatim, with a suite of seconds in place of configs/ci.toml.
     suite = tmp_path / "tiny.toml"
-    suite.write_text('[suite]\ndevice = "cpu"\nrep_ms = 5\nwarmup_ms = 1\nrounds = 1\n'
-                     '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-forloop"]\n'
-                     '[[parity]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-foreach"]\nsteps = 1\n')
+    suite.write_text(
+        '[suite]\ndevice = "cpu"\nrep_ms = 5\nwarmup_ms = 1\nrounds = 1\n'
+        '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-forloop"]\n'
+        '[[parity]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-foreach"]\nsteps = 1\n'
+    )
     work = tmp_path / "job"
     work.mkdir()
     summary = tmp_path / "step_summary.md"
-    env = {**os.environ, **workflow["jobs"]["bench"]["env"], "KB_SUITE": str(suite), "GITHUB_STEP_SUMMARY": str(summary),
-           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        **workflow["jobs"]["bench"]["env"],
+        "KB_SUITE": str(suite),
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
 
     def step(name):
-        return subprocess.run(["bash", "-eo", "pipefail", "-c", by_name[name]["run"]], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            ["bash", "-eo", "pipefail", "-c", by_name[name]["run"]],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     # main's last report, as the download step would leave it.
     assert step("Run the CI suite").returncode == 0

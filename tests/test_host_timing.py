@@ -44,3 +44,13 @@ def test_host_workloads_are_declared():
     assert get_op("rmsnorm").workload("host-8x4096").spec["host_timing"]
     spec = get_op("rotary").workload("host-decode-8x32x8x1x128-bf16").spec
     assert spec["host_timing"] and spec["seq"] == 1
+
+
+def test_rep_timer_times_each_call_on_the_cpu():
+    from kernelbench.harness.timing import RepTimer
+
+    timer = RepTimer("cpu")
+    for _ in range(3):
+        timer(lambda: time.sleep(0.002))
+    times = timer.times_ms()
+    assert len(times) == 3 and all(t >= 2.0 for t in times)

@@ -24,10 +24,14 @@ def test_train_mode_reports_throughput_and_optimizer_share():
     value = {(r["mode"], r["metric"]): r["value"] for r in sink.rows}
     tokens = workload.spec["batch"] * workload.spec["seq"]
     for mode in ("fwd+bwd", "train"):
-        assert abs(value[(mode, "tokens_per_s")] - tokens / (value[(mode, "time_median_ms")] * 1e-3)) < 1e-6 * tokens * 1e3
+        assert (
+            abs(value[(mode, "tokens_per_s")] - tokens / (value[(mode, "time_median_ms")] * 1e-3)) < 1e-6 * tokens * 1e3
+        )
     assert 0 < value[("train", "optimizer_share")] < 1
-    assert abs(value[("train", "optimizer_share")] * value[("train", "time_median_ms")]
-               - value[("train", "optimizer_ms")]) < 1e-9
+    assert (
+        abs(value[("train", "optimizer_share")] * value[("train", "time_median_ms")] - value[("train", "optimizer_ms")])
+        < 1e-9
+    )
     assert ("fwd+bwd", "optimizer_ms") not in value
 
 

@@ -24,7 +24,9 @@ def test_tolerance_tables_keyed_either_way_agree():
     tol = Tolerance(1e-3, 1e-3)
     assert by_dtype({torch.bfloat16: tol}) == by_dtype({"bf16": tol}) == {"bf16": tol}
     rmsnorm = get_op("rmsnorm")
-    assert rmsnorm.tolerance_for(None, torch.bfloat16, "grad_weight") == rmsnorm.tolerance_for(None, "bf16", "grad_weight")
+    assert rmsnorm.tolerance_for(None, torch.bfloat16, "grad_weight") == rmsnorm.tolerance_for(
+        None, "bf16", "grad_weight"
+    )
     assert rmsnorm.tolerance_for(None, torch.float32, "y") == DEFAULT_TOLERANCES["fp32"]
     fp8 = get_op("adam-mini").get_candidate("triton-fp8")
     assert get_op("adam-mini").tolerance_for(fp8, torch.float32).fro is not None  # the candidate's own bound

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 
-from kernelbench.harness.runner import ROW_FIELDS
+from kernelbench.harness.rows import ROW_FIELDS
 from kernelbench.report.writer import SCHEMA_VERSION, ReportWriter, load_report
 
 

@@ -122,3 +122,12 @@ def test_compile_anchors_get_compiled_code_on_every_shape_of_a_sweep():
     get_op("rmsnorm").get_candidate("torch-compile").build()
     limit = getattr(dynamo_config, "recompile_limit", None) or dynamo_config.cache_size_limit
     assert limit >= 2 * len(get_op("rmsnorm").workloads)  # a fwd and a fwd+bwd entry per shape
+
+
+def test_rows_take_only_the_named_statuses_and_keep_the_csv_column_order():
+    from kernelbench.harness.rows import ROW_FIELDS, Row
+
+    row = Row("adamw", "tiny", "step", "triton", "time_median_ms", 1.5, "ms")
+    assert tuple(row.as_dict()) == ROW_FIELDS and row.as_dict()["status"] == "ok"
+    with pytest.raises(ValueError, match="row status 'fine'"):
+        Row("adamw", "tiny", "step", "triton", "time_median_ms", status="fine")

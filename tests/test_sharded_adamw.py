@@ -18,10 +18,17 @@ from kernelbench.dist.spawn import RankFailure, run_ranks
 
 # Odd sizes on purpose: numels not divisible by 2 or by the 64-element alignment, a 1-element
 # param, a 3-d param, and with bucket_bytes=4096 (1024 elements) a param bigger than a bucket.
-SHAPES = [("embed", (64, 48)), ("bias", (48,)), ("proj", (33, 17)), ("scale", (1,)), ("conv", (5, 7, 3)), ("norm", (300,))]
+SHAPES = [
+    ("embed", (64, 48)),
+    ("bias", (48,)),
+    ("proj", (33, 17)),
+    ("scale", (1,)),
+    ("conv", (5, 7, 3)),
+    ("norm", (300,)),
+]
 BUCKET_BYTES = 4096
 STEPS = 20
-RTOL = 1e-6  # issue 7: params after 20 steps within 1e-6 relative of torch.optim.AdamW (fp32)
+RTOL = 1e-6  # the bar: params after 20 steps within 1e-6 relative of torch.optim.AdamW (fp32)
 
 
 def _params(seed: int = 0, shapes=SHAPES) -> list[tuple[str, torch.nn.Parameter]]:
@@ -66,9 +73,11 @@ def _mismatch(actual: torch.Tensor, expected: torch.Tensor, rtol: float = RTOL) 
     bad = diff > bound
     if bool(bad.any()):
         worst = int((diff / bound).argmax())
-        return (f"{int(bad.sum())}/{bad.numel()} elements off; worst at flat index {worst}: "
-                f"{actual.reshape(-1)[worst].item():.9g} vs {expected.reshape(-1)[worst].item():.9g} "
-                f"(bound {bound.reshape(-1)[worst].item():.3g})")
+        return (
+            f"{int(bad.sum())}/{bad.numel()} elements off; worst at flat index {worst}: "
+            f"{actual.reshape(-1)[worst].item():.9g} vs {expected.reshape(-1)[worst].item():.9g} "
+            f"(bound {bound.reshape(-1)[worst].item():.3g})"
+        )
     return None
 
 
@@ -163,9 +172,13 @@ def test_bad_input_is_refused_with_a_clear_message():
     other = ShardedAdamW([torch.nn.Parameter(torch.randn(5, 5))])
     with pytest.raises(ValueError, match="state dict has 2 param groups, this optimizer 1"):
         other.load_state_dict(opt.state_dict())
-    bad = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}},
-           "param_groups": [{"params": [0], "lr": 1e-3}]}
-    with pytest.raises(ValueError, match=r"exp_avg of param 0 has shape \(4,\) in the state dict, the param has \(5, 5\)"):
+    bad = {
+        "state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}},
+        "param_groups": [{"params": [0], "lr": 1e-3}],
+    }
+    with pytest.raises(
+        ValueError, match=r"exp_avg of param 0 has shape \(4,\) in the state dict, the param has \(5, 5\)"
+    ):
         other.load_state_dict(bad)
 
 
@@ -192,8 +205,13 @@ def _parity(rank: int, world: int) -> dict:
     # The all-gathers on a second communicator must give the same params as on the first.
     named = _params()
     ref_named, ref = _reference(named)
-    opt = ShardedAdamW(_groups(named), lr=1e-3, weight_decay=0.05, bucket_bytes=BUCKET_BYTES,
-                       gather_group=torch.distributed.new_group())
+    opt = ShardedAdamW(
+        _groups(named),
+        lr=1e-3,
+        weight_decay=0.05,
+        bucket_bytes=BUCKET_BYTES,
+        gather_group=torch.distributed.new_group(),
+    )
     _train(opt, named, ref, ref_named, STEPS, rank, world)
     report["parity"] += _check_all(named, ref_named, f"[gather group] params after {STEPS} steps:")
     for comm in ("auto", "reduce-scatter-sum", "all-reduce"):
@@ -310,7 +328,10 @@ def test_ranks_disagreeing_on_params_fail_fast_naming_the_first_mismatch(two_ran
 
 def test_a_rank_refusing_its_params_fails_every_rank(two_ranks):
     assert two_ranks[1]["refused"].startswith("TypeError: ShardedAdamW: 'bias' is torch.float16"), two_ranks[1]
-    assert "ValueError: ShardedAdamW: rank 1 refused its parameters: ShardedAdamW: 'bias' is torch.float16" in two_ranks[0]["refused"], two_ranks[0]
+    assert (
+        "ValueError: ShardedAdamW: rank 1 refused its parameters: ShardedAdamW: 'bias' is torch.float16"
+        in two_ranks[0]["refused"]
+    ), two_ranks[0]
 
 
 def test_a_dead_rank_makes_the_others_fail_clearly_within_the_timeout(two_ranks):
@@ -335,8 +356,7 @@ def test_run_ranks_kills_a_hung_rank_at_the_deadline():
 def test_bench_worker_writes_its_json_on_two_cpu_ranks(tmp_path):
     from kernelbench.dist.launch import launch
 
-    result = launch(nproc=2, workload="model-tiny", steps=3, warmup=1, output=tmp_path / "dist.json",
-                    timeout_s=150)
+    result = launch(nproc=2, workload="model-tiny", steps=3, warmup=1, output=tmp_path / "dist.json", timeout_s=150)
     # A rank that aborts in Gloo's teardown after rank 0 wrote the file (seen twice in CI runs on
     # a 2-core machine, not reproduced in 10 runs under load here) leaves the measurement whole:
     # launch() adds a teardown_error, which the CLI reports as an error row. The file must hold
@@ -345,7 +365,14 @@ def test_bench_worker_writes_its_json_on_two_cpu_ranks(tmp_path):
     assert teardown_error is None or "after the results were written" in teardown_error
     assert json.loads((tmp_path / "dist.json").read_text()) == result
     assert result["world_size"] == 2 and result["backend"] == "gloo"
-    for metric in ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw"):
+    for metric in (
+        "sharded_step",
+        "sharded_comm",
+        "sharded_update",
+        "allreduce_fused_step",
+        "allreduce",
+        "fused_adamw",
+    ):
         row = result["metrics_ms"][metric]
         assert row["reps"] == 3 and row["median"] > 0 and row["p25"] <= row["median"] <= row["p75"], (metric, row)
     state = result["state_bytes_per_rank"]
@@ -362,8 +389,11 @@ def test_launch_keeps_complete_results_when_only_the_shutdown_fails(tmp_path, mo
     from kernelbench.dist import launch as launch_mod
 
     output = tmp_path / "dist.json"
-    script = (f"import json, pathlib; pathlib.Path({str(output)!r}).write_text(json.dumps({{'workload': 'tiny'}}))\n"
-              if writes_json else "") + "print('terminate called without an active exception'); raise SystemExit(1)"
+    script = (
+        f"import json, pathlib; pathlib.Path({str(output)!r}).write_text(json.dumps({{'workload': 'tiny'}}))\n"
+        if writes_json
+        else ""
+    ) + "print('terminate called without an active exception'); raise SystemExit(1)"
     monkeypatch.setattr(launch_mod, "command", lambda *args, **kwargs: [sys.executable, "-c", script])
     if writes_json:
         result = launch_mod.launch(nproc=2, workload="tiny", steps=1, output=output)

@@ -12,12 +12,21 @@ import torch
 from typer.testing import CliRunner
 
 from kernelbench.cli import app
-from kernelbench.harness.runner import ROW_FIELDS
+from kernelbench.harness.rows import ROW_FIELDS
 from kernelbench.models import CONFIGS
 from kernelbench.ops import get_op
 from kernelbench.ops.base import Requires
-from kernelbench.train import (MarkovStream, TrainSettings, make_band, optimizer_state_bytes, resolve,
-                               step_band, tail_window, train, with_changes)
+from kernelbench.train import (
+    MarkovStream,
+    TrainSettings,
+    make_band,
+    optimizer_state_bytes,
+    resolve,
+    step_band,
+    tail_window,
+    train,
+    with_changes,
+)
 from kernelbench.train.band import first_nonfinite, first_step_outside, judge, running_loss
 from kernelbench.train.run import LOSS_COLUMNS
 

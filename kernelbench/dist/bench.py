@@ -16,12 +16,12 @@ rank's own seeded gradients, which live in flat buffers as a DDP-style trainer k
   torch.optim.AdamW(fused=True) on every parameter. ``allreduce`` and ``fused_adamw`` time the
   two halves alone.
 
-Timing: CUDA events around each rep (host clock on the CPU); before each rep a 256 MB write
-flushes L2 and a barrier lines the ranks up, both untimed. The six metrics are interleaved round
-by round so drift hits all of them. A rep's time is the slowest rank's (a step is done when every
-rank is); the JSON also has each rank's median. State bytes per rank: memory allocated after the
-first step minus before the optimizer was built (CUDA), and the bytes of its state tensors.
-Rank 0 writes the JSON.
+Timing: the harness's RepTimer (CUDA events around each rep, the host clock on the CPU); before
+each rep the harness's L2 flush and a barrier that lines the ranks up, both untimed. The six
+metrics are interleaved round by round so drift hits all of them. A rep's time is the slowest
+rank's (a step is done when every rank is); the JSON also has each rank's median. State bytes
+per rank: memory allocated after the first step minus before the optimizer was built (CUDA), and
+the bytes of its state tensors. Rank 0 writes the JSON.
 """
 
 from __future__ import annotations
@@ -32,44 +32,52 @@ import os
 import platform
 import statistics
 import sys
-import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # NVLink multicast stays off on the GPU machines (NCCL's NVLS and torch's symmetric memory).
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
 
-from kernelbench.ops import optim_workloads  # noqa: E402
-from kernelbench.ops.base import Workload, unknown_name_error  # noqa: E402
+from kernelbench.harness.timing import L2Flusher, RepTimer
+from kernelbench.ops.base import Workload, unknown_name_error
+from kernelbench.ops.dist_adamw import OP
 
 METRICS = ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw")
 HYPERPARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
-L2_FLUSH_BYTES = 256 * 2**20
 
 
 def workloads() -> dict[str, Workload]:
-    """Every optimizer workload (ANCHORS.md's and the small CPU ones), by name."""
-    return {w.name: w for w in vars(optim_workloads).values() if isinstance(w, Workload)}
+    """The op's workloads (every optimizer workload: the model-sized and the small CPU ones), by name."""
+    return dict(OP.workloads)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m kernelbench.dist.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads())))
+    parser.add_argument(
+        "--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads()))
+    )
     parser.add_argument("--steps", type=int, default=50, help="timed reps per metric")
     parser.add_argument("--warmup", type=int, default=10, help="untimed reps per metric first")
-    parser.add_argument("--bucket-mb", type=float, default=None,
-                        help="ShardedAdamW bucket size in MiB (default: ShardedAdamW's own)")
-    parser.add_argument("--gather-group", action="store_true",
-                        help="ShardedAdamW all-gathers on a second communicator (overlap with the reduce-scatters)")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails")
+    parser.add_argument(
+        "--bucket-mb", type=float, default=None, help="ShardedAdamW bucket size in MiB (default: ShardedAdamW's own)"
+    )
+    parser.add_argument(
+        "--gather-group",
+        action="store_true",
+        help="ShardedAdamW all-gathers on a second communicator (overlap with the reduce-scatters)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=300.0, help="process group timeout: a rank waiting longer on a peer fails"
+    )
     parser.add_argument("--output", type=Path, required=True, help="JSON written by rank 0")
     args = parser.parse_args(argv)
     if args.workload not in workloads():
@@ -103,36 +111,23 @@ def tensor_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 class Timer:
-    """Times one callable per rep: CUDA events on a GPU, the host clock on the CPU (where the
-    collectives and kernels are done when the call returns)."""
+    """One harness RepTimer per metric; before each rep an L2 flush and a barrier, both untimed."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.pending: dict[str, list[Any]] = {m: [] for m in METRICS}
-        self.flush = torch.empty(L2_FLUSH_BYTES // 4, device=device) if device.type == "cuda" else None
+        self.timers = {m: RepTimer(device) for m in METRICS}
+        self.flush = L2Flusher(device) if device.type == "cuda" else None
 
     def rep(self, metric: str, fn: Callable[[], None], record: bool) -> None:
         if self.flush is not None:
-            self.flush.zero_()
+            self.flush()
         dist.barrier()
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            if record:
-                self.pending[metric].append((start, end))
+        if record:
+            self.timers[metric](fn)
         else:
-            t0 = time.perf_counter()
             fn()
-            if record:
-                self.pending[metric].append((time.perf_counter() - t0) * 1e3)
 
     def results_ms(self) -> dict[str, list[float]]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return {m: [s.elapsed_time(e) for s, e in reps] for m, reps in self.pending.items()}
-        return dict(self.pending)
+        return {m: timer.times_ms() for m, timer in self.timers.items()}
 
 
 def summary(per_rank: list[list[float]]) -> dict[str, Any]:
@@ -172,7 +167,9 @@ def environment(device: torch.device, backend: str) -> dict[str, Any]:
         "host": platform.node(),
         "backend": backend,
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TRITON_INTERPRET")},
+        "env": {
+            k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TRITON_INTERPRET")
+        },
     }
     if device.type == "cuda":
         env["device"] = torch.cuda.get_device_name(device)
@@ -192,8 +189,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         die_with_parent()
         if os.getppid() == 1:
             raise SystemExit("dist-adamw rank: the launcher is gone")
-    from kernelbench.optim.sharded_adamw import ShardedAdamW
-
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
@@ -213,8 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     named_a = make_params(workload, device, rank)
     before = allocated(device)
     bucket_bytes = None if args.bucket_mb is None else int(args.bucket_mb * 2**20)
-    sharded = ShardedAdamW(named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes,
-                           gather_group=gather_group)
+    sharded = OP.get_candidate("sharded-zero1").build(
+        named_a, **HYPERPARAMS, bucket_bytes=bucket_bytes, gather_group=gather_group
+    )
     sharded.step()
     sharded_delta = None if before is None else allocated(device) - before
 
@@ -227,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         p.grad = flat_grad[offset : offset + p.numel()].view(p.shape)
         offset += p.numel()
     before = allocated(device)
-    fused = torch.optim.AdamW(params_b, **HYPERPARAMS, fused=True)
+    fused = OP.get_candidate("allreduce+torch-fused").build(named_b, **HYPERPARAMS)
 
     def allreduce() -> None:
         dist.all_reduce(flat_grad, op=dist.ReduceOp.AVG)
@@ -276,17 +272,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "gather_group": args.gather_group,
             "comm_mode": sharded.comm,
             "timing": (
-                "CUDA events; 256 MB L2 flush and a barrier before each rep (untimed)"
+                f"CUDA events; {timer.flush.nbytes >> 20} MB L2 flush and a barrier before each rep (untimed)"
                 if device.type == "cuda"
                 else "host clock; CPU ranks on Gloo, kernels in the Triton interpreter: not a measurement"
-            ) + "; metrics interleaved per round; a rep's time is the slowest rank's",
+            )
+            + "; metrics interleaved per round; a rep's time is the slowest rank's",
             "warmup": args.warmup,
             "metrics_ms": metrics,
             "speedup_vs_allreduce_fused": base / step if step > 0 else None,
             "overlap": {
                 "comm_plus_update_ms": comm + update,
                 "hidden_ms": comm + update - step,
-                "hidden_fraction_of_smaller": (comm + update - step) / min(comm, update) if min(comm, update) > 0 else None,
+                "hidden_fraction_of_smaller": (comm + update - step) / min(comm, update)
+                if min(comm, update) > 0
+                else None,
             },
             "state_bytes_per_rank": {
                 "sharded": {
@@ -295,7 +294,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 },
                 "allreduce_fused": {
                     "allocated_delta": [g["fused_delta"] for g in gathered],
-                    "tensors": tensor_bytes([t for s in fused.state.values() for t in s.values() if isinstance(t, torch.Tensor)]),
+                    "tensors": tensor_bytes(
+                        [t for s in fused.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+                    ),
                 },
                 "adamw_bytes_per_param": 8,
             },

@@ -25,12 +25,11 @@ from typing import Any
 
 import torch
 
+from kernelbench.harness.rows import ERROR, NOT_MEASURED, OK, Row
 from kernelbench.ops.base import UsageError, unknown_name_error
 
 # NVLink multicast must stay off on the GPU machines: NCCL's NVLS and torch's symmetric memory.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-# What CPU ranks run by default: a model-shaped workload the interpreter finishes in seconds.
-CPU_WORKLOAD = "model-tiny"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -81,17 +80,42 @@ def stop_tree(proc: subprocess.Popen) -> None:
 def command(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
             bucket_mb: float | None = None, gather_group: bool = False) -> list[str]:
     """The command line ``launch`` runs (also what a user can paste into a shell)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-        "-m", "kernelbench.dist.bench",
-        "--workload", workload, "--steps", str(steps), "--warmup", str(warmup),
-        "--output", str(output),
-    ] + (["--bucket-mb", str(bucket_mb)] if bucket_mb is not None else []) + (["--gather-group"] if gather_group else [])
+    return (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            "-m",
+            "kernelbench.dist.bench",
+            "--workload",
+            workload,
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--output",
+            str(output),
+        ]
+        + (["--bucket-mb", str(bucket_mb)] if bucket_mb is not None else [])
+        + (["--gather-group"] if gather_group else [])
+    )
 
 
-def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int = 10,
-           bucket_mb: float | None = None, gather_group: bool = False, timeout_s: float = 900.0,
-           cpu: bool = False) -> dict[str, Any]:
+def launch(
+    nproc: int,
+    workload: str,
+    steps: int,
+    output: Path,
+    *,
+    warmup: int = 10,
+    bucket_mb: float | None = None,
+    gather_group: bool = False,
+    timeout_s: float = 900.0,
+    cpu: bool = False,
+) -> dict[str, Any]:
     """Runs the worker on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
     Raises UsageError for bad arguments (checked here, before any process starts), and
@@ -125,8 +149,15 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
     cmd = command(nproc, workload, steps, output, warmup=warmup, bucket_mb=bucket_mb, gather_group=gather_group)
     # A session of its own, so that a timeout kills torchrun and every rank it started.
     # torchrun ends its ranks on SIGTERM; it gets one when this process dies, however it dies.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: die_with_parent(signal.SIGTERM),
+    )
     try:
         log, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -146,10 +177,12 @@ def launch(nproc: int, workload: str, steps: int, output: Path, *, warmup: int =
         )
     if proc.returncode != 0:
         # Rank 0 writes the JSON only after every rank's timings reached it, so the measurement is
-        # complete; what failed is the shutdown (seen once on a loaded 2-core machine: a Gloo rank
-        # aborting in teardown). Keep the rows and say so.
-        result["teardown_error"] = (f"the ranks exited with code {proc.returncode} after the results were written: "
-                                    + _tail(log, 6).replace("\n", " | "))
+        # complete; what failed is the shutdown (a Gloo rank can abort in teardown on a loaded
+        # machine). Keep the rows and say so.
+        result["teardown_error"] = (
+            f"the ranks exited with code {proc.returncode} after the results were written: "
+            + _tail(log, 6).replace("\n", " | ")
+        )
     return result
 
 
@@ -176,16 +209,46 @@ _METRIC_ROWS = {
 }
 
 
-def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def run_workload(
+    op, workload: str, device: str, folder: Path, settings: dict[str, Any]
+) -> tuple[list[Row], str | None]:
+    """One launch of ``op`` (dist-adamw) on ``workload`` as report rows, and the error that ended
+    it, if any (its first line is what a user needs; the row keeps the tail of the ranks' log)."""
+    try:
+        result = launch(
+            settings["nproc"],
+            workload,
+            settings["steps"],
+            folder / f"{op.name}-{workload}.json",
+            bucket_mb=settings["bucket_mb"],
+            gather_group=settings["gather_group"],
+            cpu=device == "cpu",
+        )
+    except RuntimeError as exc:
+        row = Row(
+            op.name,
+            workload,
+            f"{settings['nproc']} ranks",
+            "sharded-zero1",
+            "time_median_ms",
+            None,
+            "ms",
+            ERROR,
+            message=str(exc)[-2000:],
+        )
+        return [row], str(exc).splitlines()[0]
+    return result_rows(result), None
+
+
+def result_rows(result: dict[str, Any]) -> list[Row]:
     """The worker's JSON as kernelbench result rows (long format, as harness.runner writes)."""
     workload = result["workload"]
     mode = f"{result['world_size']} ranks, {result['bucket_mb']:g} MiB buckets" + (
-        ", all-gathers on a second communicator" if result.get("gather_group") else "")
+        ", all-gathers on a second communicator" if result.get("gather_group") else ""
+    )
 
-    def row(candidate, metric, value, unit, message="", status="ok", flags=""):
-        return {"op": "dist-adamw", "workload": workload, "mode": mode, "candidate": candidate,
-                "metric": metric, "value": value, "unit": unit, "status": status, "flags": flags,
-                "tensor": "", "message": message}
+    def row(candidate, metric, value, unit, message="", status=OK, flags=""):
+        return Row(result["op"], workload, mode, candidate, metric, value, unit, status, flags, message=message)
 
     rows = []
     anchor = result["metrics_ms"]["allreduce_fused_step"]["median"]
@@ -194,8 +257,16 @@ def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     for metric, stats in result["metrics_ms"].items():
         candidate, what = _METRIC_ROWS[metric]
         if interpreted and candidate.startswith("sharded"):
-            rows.append(row(candidate, "time_median_ms", None, "ms", "Triton interpreter (no GPU): time not measured",
-                            status="not-measured"))
+            rows.append(
+                row(
+                    candidate,
+                    "time_median_ms",
+                    None,
+                    "ms",
+                    "Triton interpreter (no GPU): time not measured",
+                    status=NOT_MEASURED,
+                )
+            )
             continue
         flags = "noisy" if stats.get("noisy") else ""
         rows.append(row(candidate, "time_median_ms", stats["median"], "ms", f"{what}; {result['timing']}", flags=flags))
@@ -203,16 +274,37 @@ def result_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(row(candidate, f"time_{key}_ms", stats[key], "ms"))
         rows.append(row(candidate, "reps", stats["reps"], ""))
         if metric == "sharded_step" and not interpreted:
-            rows.append(row(candidate, "ratio_vs_anchor", stats["median"] / anchor, "x",
-                            "median / median of allreduce+torch-fused in the same run (below 1: faster)"))
+            rows.append(
+                row(
+                    candidate,
+                    "ratio_vs_anchor",
+                    stats["median"] / anchor,
+                    "x",
+                    "median / median of allreduce+torch-fused in the same run (below 1: faster)",
+                )
+            )
     for candidate, key in (("sharded-zero1", "sharded"), ("allreduce+torch-fused", "allreduce_fused")):
         per_rank = result["state_bytes_per_rank"][key]["allocated_delta"]
         if per_rank and all(v is not None for v in per_rank):
-            rows.append(row(candidate, "state_bytes", max(per_rank), "B",
-                            "per rank (largest): allocated after the first step minus before construction"))
+            rows.append(
+                row(
+                    candidate,
+                    "state_bytes",
+                    max(per_rank),
+                    "B",
+                    "per rank (largest): allocated after the first step minus before construction",
+                )
+            )
     parity = result["parity"]
-    rows.append(row("sharded-zero1", "parity_max_rel_vs_allreduce_fused", parity["max_rel_diff"], "",
-                    f"params after {parity['after_steps']} step(s), both paths from the same params and grads"))
+    rows.append(
+        row(
+            "sharded-zero1",
+            "parity_max_rel_vs_allreduce_fused",
+            parity["max_rel_diff"],
+            "",
+            f"params after {parity['after_steps']} step(s), both paths from the same params and grads",
+        )
+    )
     if "teardown_error" in result:
-        rows.append(row("sharded-zero1", "teardown", None, "", result["teardown_error"], status="error"))
+        rows.append(row("sharded-zero1", "teardown", None, "", result["teardown_error"], status=ERROR))
     return rows

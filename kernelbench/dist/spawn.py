@@ -20,8 +20,9 @@ import queue
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -56,7 +57,7 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, collective_t
         results.put((rank, "ok", value))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -80,7 +81,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...] 
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world_size, port, backend, collective_timeout_s, results, fn, args), daemon=True)
+        ctx.Process(
+            target=_rank_main, args=(r, world_size, port, backend, collective_timeout_s, results, fn, args), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 import os
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
 
 import torch
 
@@ -19,19 +19,12 @@ from ..ops.base import Candidate, Op, Tolerance, UsageError, Workload
 from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
 from .memory import peak_memory_delta
 from .parity import ParityTracker
+from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, Row, RowSink
 from .stats import Stats, summarize
 from .timing import TimingConfig, time_cpu, time_cuda, time_host
 
-# Row statuses. "suspect": a figure above the device's measured ceiling, a measurement error.
-OK, ERROR, SKIPPED, NOT_MEASURED, SUSPECT, PASS, FAIL = (
-    "ok", "error", "skipped", "not-measured", "suspect", "pass", "fail")
-
-ROW_FIELDS = ("op", "workload", "mode", "candidate", "metric", "value", "unit", "status", "flags",
-              "tensor", "message")
-
-
-class RowSink(Protocol):
-    def add(self, row: dict) -> None: ...
+__all__ = ["ERROR", "FAIL", "NOT_MEASURED", "OK", "PASS", "ROW_FIELDS", "SKIPPED", "SUSPECT", "PlanItem", "Row",
+           "RowSink", "RunSummary", "resolve_device", "run_benchmarks", "run_parity"]
 
 
 @dataclass
@@ -73,10 +66,8 @@ def resolve_device(requested: str | None) -> str:
 
 
 def _row(op: Op, workload: Workload, mode: str, candidate: str, metric: str, value, unit: str,
-         status: str, message: str = "", flags: str = "", tensor: str = "") -> dict:
-    return {"op": op.name, "workload": workload.name, "mode": mode, "candidate": candidate,
-            "metric": metric, "value": value, "unit": unit, "status": status, "flags": flags,
-            "tensor": tensor, "message": message}
+         status: str, message: str = "", flags: str = "", tensor: str = "") -> Row:
+    return Row(op.name, workload.name, mode, candidate, metric, value, unit, status, flags, tensor, message)
 
 
 def _error_message(exc: BaseException) -> str:
@@ -97,9 +88,21 @@ class _Emitter:
     def __init__(self, sink: RowSink, summary: RunSummary) -> None:
         self.sink, self.summary = sink, summary
 
-    def __call__(self, row: dict) -> None:
+    def __call__(self, row: Row) -> None:
         self.summary.rows += 1
-        self.sink.add(row)
+        self.sink.add(row.as_dict())
+
+    def count_check(self, op: Op, workload: Workload, mode: str, candidate: str, passed: bool) -> None:
+        self.summary.parity_checks += 1
+        if not passed:
+            self.summary.parity_failures += 1
+            self.summary.failures.append(f"{op.name}/{workload.name}/{mode}/{candidate}")
+
+    def check_failed(self, op: Op, workload: Workload, mode: str, candidate: str, message: str) -> None:
+        """A parity check that could not finish: an error row, counted as a failed check."""
+        self.count_check(op, workload, mode, candidate, passed=False)
+        self.summary.errors += 1
+        self(_row(op, workload, mode, candidate, "parity", None, "", ERROR, message))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,7 +154,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             case.run()
             states[cand.name] = case.state_bytes()
             cases[cand.name] = case
-        except Exception as exc:  # noqa: BLE001 - one failing candidate must not stop the others
+        except Exception as exc:  # one failing candidate must not stop the others
             summary.errors += 1
             emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
             _free_memory()
@@ -173,7 +176,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                 times[name].extend(sample.times)
                 host[name].append(sample.host_ms)
                 modes[name] = sample.mode
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 summary.errors += 1
                 emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
                 del cases[name], times[name], host[name]
@@ -204,7 +207,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             if telemetry:
                 for row in _telemetry_rows(op, workload, mode, name, case):
                     emit(row)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             summary.errors += 1
             emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
     cases.clear()
@@ -219,7 +222,7 @@ def _host_rows(op: Op, workload: Workload, mode: str, name: str, case, timing: T
         st = summarize(sample.times, sample.mode)
         emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
                   f"{sample.mode}; median of {st.reps}, IQR/median {st.relative_iqr:.1%}"))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         summary.errors += 1
         emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR, _error_message(exc)))
 
@@ -233,12 +236,12 @@ def _interpreted_telemetry(op: Op, cand: Candidate, workload: Workload, device: 
         case.run()
         for row in _telemetry_rows(op, workload, mode, cand.name, case):
             emit(row)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         summary.errors += 1
         emit(_row(op, workload, mode, cand.name, "telemetry", None, "", ERROR, _error_message(exc)))
 
 
-def _telemetry_rows(op: Op, workload: Workload, mode: str, name: str, case) -> list[dict]:
+def _telemetry_rows(op: Op, workload: Workload, mode: str, name: str, case) -> list[Row]:
     """Rows of a case's telemetry after the timed steps: {tensor: {key: value}} where numbers
     (0-d tensors included) become values and strings (e.g. a state dtype) the message."""
     report = case.telemetry() if hasattr(case, "telemetry") else None
@@ -261,7 +264,7 @@ HOST_BOUND_SHARE = 0.7
 
 
 def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats, host_ms: float,
-                 anchor: Stats | None, ceilings: Ceilings | None, device: str) -> list[dict]:
+                 anchor: Stats | None, ceilings: Ceilings | None, device: str) -> list[Row]:
     flags = ["noisy"] if st.noisy else []
     host_bound = device == "cuda" and host_ms >= HOST_BOUND_SHARE * st.median
     if host_bound:
@@ -301,7 +304,7 @@ def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Sta
     return rows
 
 
-def _roofline_rows(op, workload, mode, name, value, metric, unit, ceiling, pct_metric, what) -> list[dict]:
+def _roofline_rows(op, workload, mode, name, value, metric, unit, ceiling, pct_metric, what) -> list[Row]:
     """The rate, and its share of the ceiling measured in this run; above the ceiling it is a
     measurement error (cached data, unwritten output, a wrong model), flagged, never a win."""
     if ceiling is None:
@@ -360,11 +363,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
                   detail: str = "worst") -> None:
     def fail_all(message: str) -> None:
         for cand in runnable:
-            summary.parity_checks += 1
-            summary.parity_failures += 1
-            summary.errors += 1
-            summary.failures.append(f"{op.name}/{workload.name}/{mode}/{cand.name}")
-            emit(_row(op, workload, mode, cand.name, "parity", None, "", ERROR, message))
+            emit.check_failed(op, workload, mode, cand.name, message)
 
     runnable = []
     for cand in candidates:
@@ -381,7 +380,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
     ref_name = op.reference if isinstance(op.reference, str) else "reference"
     try:
         reference = op.make_reference_case(workload, device, mode)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         fail_all(f"reference {ref_name} failed to build: {_error_message(exc)}")
         return
     cases, trackers = {}, {}
@@ -389,19 +388,15 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
         try:
             cases[cand.name] = op.make_case(cand, workload, device, mode)
             trackers[cand.name] = _Tracker(op, cand, override)
-        except Exception as exc:  # noqa: BLE001
-            summary.parity_checks += 1
-            summary.parity_failures += 1
-            summary.errors += 1
-            summary.failures.append(f"{op.name}/{workload.name}/{mode}/{cand.name}")
-            emit(_row(op, workload, mode, cand.name, "parity", None, "", ERROR, _error_message(exc)))
+        except Exception as exc:
+            emit.check_failed(op, workload, mode, cand.name, _error_message(exc))
     for step in range(steps):
         try:
             reference.set_step(step)
             reference.prepare()
             reference.run()
             ref_tensors = reference.tensors()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             cases.clear()
             fail_all(f"reference {ref_name} failed at step {step}: {_error_message(exc)}")
             return
@@ -412,21 +407,12 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
                 case.prepare()
                 case.run()
                 trackers[name].update(step, ref_tensors, case.tensors())
-            except Exception as exc:  # noqa: BLE001
-                summary.parity_checks += 1
-                summary.parity_failures += 1
-                summary.errors += 1
-                summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name}")
-                emit(_row(op, workload, mode, name, "parity", None, "", ERROR,
-                          f"step {step}: {_error_message(exc)}"))
+            except Exception as exc:
+                emit.check_failed(op, workload, mode, name, f"step {step}: {_error_message(exc)}")
                 del cases[name]
     for name in cases:
-        summary.parity_checks += 1
         tracker = trackers[name]
-        passed = tracker.passed
-        if not passed:
-            summary.parity_failures += 1
-            summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name}")
+        emit.count_check(op, workload, mode, name, tracker.passed)
         for row in _parity_rows(op, workload, mode, name, ref_name, tracker, steps, detail):
             emit(row)
 
@@ -478,7 +464,7 @@ class _Tracker:
 
 
 def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
-                 tracker: _Tracker, steps: int, detail: str = "worst") -> list[dict]:
+                 tracker: _Tracker, steps: int, detail: str = "worst") -> list[Row]:
     rows = []
     failing = []
     entries = list(tracker.tensors)

@@ -1,6 +1,6 @@
 """Timing loops: CUDA events (optionally replaying a CUDA graph) and a host clock on the CPU.
 
-What every loop does (METHOD.md): warm up by time and convert that to a count; time each rep on
+What every loop does: warm up by time and convert that to a count; time each rep on
 its own, with untimed preparation (``prepare``) and, on CUDA, an L2 flush before it; return every
 per-rep time (so interleaved rounds can be merged) and a label of the mode; the statistics are
 computed once, in :mod:`kernelbench.harness.stats`.
@@ -9,8 +9,9 @@ computed once, in :mod:`kernelbench.harness.stats`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -28,7 +29,6 @@ class Sample(NamedTuple):
     times: list[float]
     mode: str
     host_ms: float
-
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,35 @@ def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return Sample(times, "cpu perf_counter", _median(times))
+
+
+class RepTimer:
+    """Times calls one by one, for loops that interleave their own work between reps (the
+    dist-adamw ranks' barrier and flush): CUDA events around each call on a GPU, read after one
+    synchronisation at the end; perf_counter on the CPU, where the work is done when it returns."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._reps: list = []
+
+    def __call__(self, fn: Callable[[], None]) -> None:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            self._reps.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            self._reps.append((time.perf_counter() - t0) * 1e3)
+
+    def times_ms(self) -> list[float]:
+        if not self.cuda:
+            return list(self._reps)
+        torch.cuda.synchronize(self.device)
+        return [start.elapsed_time(end) for start, end in self._reps]
 
 
 # Host timing: calls between two device synchronisations. Small enough that tiny workloads never

@@ -7,7 +7,7 @@ import pkgutil
 
 from .base import REGISTRY, Candidate, Op, Requires, Tolerance, UsageError, Workload, unknown_name_error
 
-_INFRASTRUCTURE = {"base", "function_op", "optimizer_op", "optim_workloads"}
+_INFRASTRUCTURE = {"base", "function_op", "launched_op", "optimizer_op", "optim_workloads"}
 
 # Op modules that failed to import, by module name: one broken op must not take the CLI down
 # with it; `kernelbench list` shows these, and a test requires it to stay empty.
@@ -21,7 +21,7 @@ def load_all() -> dict[str, Op]:
             continue
         try:
             importlib.import_module(f"{__name__}.{module.name}")
-        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        except Exception as exc:  # reported, not hidden
             LOAD_ERRORS[module.name] = f"{type(exc).__name__}: {exc}"
     return REGISTRY
 
@@ -33,4 +33,15 @@ def get_op(name: str) -> Op:
     return ops[name]
 
 
-__all__ = ["LOAD_ERRORS", "REGISTRY", "Candidate", "Op", "Requires", "Tolerance", "UsageError", "Workload", "get_op", "load_all"]
+__all__ = [
+    "LOAD_ERRORS",
+    "REGISTRY",
+    "Candidate",
+    "Op",
+    "Requires",
+    "Tolerance",
+    "UsageError",
+    "Workload",
+    "get_op",
+    "load_all",
+]

@@ -14,7 +14,7 @@ twice, see kernelbench/optim/adafactor.py), so their GB/s figure reads as half o
 from __future__ import annotations
 
 from .base import Requires, Tolerance, Workload
-from .optim_workloads import MODEL_370M, MODEL_TINY, SINGLE_4096x1024, TINY
+from .optim_workloads import MODEL_370M, MODEL_TINY, TINY, SINGLE_4096x1024
 from .optimizer_op import OptimizerOp
 
 # A CPU workload whose large tensors are above min_8bit_size (4096), so that the 8-bit state is
@@ -79,14 +79,14 @@ def triton_fp32(named_params, **hp):
                      baseline=True, parity=False, tags={"state": "8bit"})
 def adafactor8bit_package(named_params, *, lr, beta1, beta2, decay_rate, eps, clip_threshold,
                           weight_decay, relative_step, scale_parameter):
-    """adafactor8bit 0.4.6 (its JIT-built CUDA kernels, al8 state): the anchor of ANCHORS.md.
+    """adafactor8bit 0.4.6 (its JIT-built CUDA kernels, al8 state): the anchor.
 
     Its step() reads p.grad and leaves it in place (it never sets p.grad to None or frees a
     gradient; read in its optimizer.py, step / _init_group / _update_param_8bit), so the
     harness's repeated timed steps on one set of gradients are real steps. Its state lives in
     optimizer.state (uint8 codes, fp32 scales; the step counter is a host int), so the sum of
-    those tensors is its state memory; the -5.9 GB allocator delta of the first H200 run was the
-    harness's measure (other candidates' params and grads freed in between), not the peer."""
+    those tensors is its state memory (an allocator delta would also count other candidates'
+    params and grads freed in between)."""
     from adafactor8bit import Adafactor8Bit
 
     # scale_weight_decay=False: decay by the step size rho, as ours does (its default multiplies

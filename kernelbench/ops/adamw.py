@@ -6,7 +6,7 @@ Bytes model: read p, g, m, v and write p, m, v, 4 bytes each: 28 bytes per param
 from __future__ import annotations
 
 from .base import Requires
-from .optim_workloads import MODEL_370M, MODEL_TINY, SINGLE_4096x1024, TINY
+from .optim_workloads import MODEL_370M, MODEL_TINY, TINY, SINGLE_4096x1024
 from .optimizer_op import OptimizerOp
 
 adamw = OptimizerOp(

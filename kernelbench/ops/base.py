@@ -17,13 +17,14 @@ from __future__ import annotations
 import abc
 import difflib
 import importlib.util
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-REGISTRY: dict[str, "Op"] = {}
+REGISTRY: dict[str, Op] = {}
 
 
 class UsageError(ValueError):
@@ -40,7 +41,7 @@ def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> UsageError
 @dataclass(frozen=True)
 class Workload:
     """A named, seeded problem. ``tier`` is ``"cpu"`` (small, used by tests and the quick suite)
-    or ``"gpu"`` (the sizes of ANCHORS.md). ``spec`` holds whatever the op's factories read."""
+    or ``"gpu"`` (the sizes of the models and layers compared). ``spec`` holds whatever the op's factories read."""
 
     name: str
     tier: str
@@ -66,13 +67,13 @@ DTYPE_NAMES = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat1
 _LONG_NAMES = {short: long for long, short in DTYPE_NAMES.items()}
 
 
-def dtype_name(dtype: "str | torch.dtype") -> str:
+def dtype_name(dtype: str | torch.dtype) -> str:
     """"fp32" for torch.float32, "float32" or "fp32"; other dtypes by torch's own name."""
     name = str(dtype).removeprefix("torch.")
     return DTYPE_NAMES.get(name, name)
 
 
-def torch_dtype(dtype: "str | torch.dtype") -> "torch.dtype":
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype a spec names ("bf16", "float32", or a torch dtype already)."""
     import torch
 
@@ -85,12 +86,12 @@ def torch_dtype(dtype: "str | torch.dtype") -> "torch.dtype":
     return value
 
 
-def by_dtype(table: "Mapping[Any, Tolerance] | None") -> dict[str, Tolerance]:
+def by_dtype(table: Mapping[Any, Tolerance] | None) -> dict[str, Tolerance]:
     """A tolerance table keyed by dtype names, whichever way its keys were written."""
     return {dtype_name(k): v for k, v in (table or {}).items()}
 
 
-# Defaults by dtype; METHOD.md: fp32 1e-5, bf16 1e-2 (relative).
+# Defaults by dtype: what each dtype's rounding allows an element-wise result.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp64": Tolerance(1e-10, 1e-8),
     "fp32": Tolerance(1e-6, 1e-5),
@@ -139,7 +140,7 @@ class Requires:
         if self.min_capability is not None:
             cap = torch.cuda.get_device_capability()
             if cap < self.min_capability:
-                want = "sm_%d%d" % self.min_capability
+                want = "sm_{}{}".format(*self.min_capability)
                 return f"needs {want} or newer, this GPU is sm_{cap[0]}{cap[1]}"
         return None
 
@@ -231,7 +232,7 @@ class Op(abc.ABC):
         # Per result-tensor overrides (e.g. a gradient that sums M rounded products).
         self.tensor_tolerances = {k: by_dtype(v) for k, v in (tensor_tolerances or {}).items()}
         self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
-        # The candidate every other one's time is divided by in reports (ANCHORS.md's anchor).
+        # The candidate every other one's time is divided by in reports (the peer to beat).
         self.speed_anchor = speed_anchor
         self.candidates: dict[str, Candidate] = {}
         REGISTRY[name] = self
@@ -311,7 +312,7 @@ class Op(abc.ABC):
                 chosen.append(cand)
         return chosen
 
-    def tolerance_for(self, candidate: Candidate | None, dtype: "str | torch.dtype", tensor: str = "") -> Tolerance:
+    def tolerance_for(self, candidate: Candidate | None, dtype: str | torch.dtype, tensor: str = "") -> Tolerance:
         """Candidate override, else the op's override for this result tensor, else by dtype."""
         dtype = dtype_name(dtype)
         if candidate is not None and candidate.tolerance and dtype in candidate.tolerance:
@@ -320,6 +321,13 @@ class Op(abc.ABC):
         if dtype in by_tensor:
             return by_tensor[dtype]
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES["fp32"])
+
+    def availability(self, candidate: Candidate, device: str) -> str:
+        """Whether ``candidate`` runs on ``device`` here, in words (what `kernelbench list` shows)."""
+        unmet = candidate.requires.unmet(device)
+        if unmet:
+            return f"no: {unmet}"
+        return "interpreter: parity only" if candidate.requires.interpreted(device) else "yes"
 
     # -- what subclasses provide ----------------------------------------------------------------
     def modes(self) -> tuple[str, ...]:
@@ -340,7 +348,7 @@ class Op(abc.ABC):
         return None
 
 
-def generator(device: str, seed: int) -> "torch.Generator":
+def generator(device: str, seed: int) -> torch.Generator:
     import torch
 
     gen = torch.Generator(device=device)

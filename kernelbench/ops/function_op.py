@@ -10,7 +10,8 @@ inputs as keyword arguments and returns a tensor or a tuple of tensors (named by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .base import Candidate, Op, Tolerance, Workload, generator
 
@@ -59,10 +60,10 @@ class FunctionOp(Op):
     def modes(self) -> tuple[str, ...]:
         return self._modes
 
-    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> "FunctionCase":
+    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> FunctionCase:
         return FunctionCase(self, candidate.build(), workload, device, mode, candidate.mutates_inputs)
 
-    def make_reference_case(self, workload: Workload, device: str, mode: str) -> "FunctionCase":
+    def make_reference_case(self, workload: Workload, device: str, mode: str) -> FunctionCase:
         import torch
 
         # Higher precision where the device allows it: fp64 on the CPU, fp32 on the GPU.
@@ -105,7 +106,9 @@ class FunctionCase:
         self.input_dtypes = {k: v.dtype for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         if self.upcast is not None:
             inputs = {k: _upcast(v, self.upcast) for k, v in inputs.items()}
-        self.pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)} if self.mutates else None
+        self.pristine = (
+            {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)} if self.mutates else None
+        )
         if self.backward:
             for name in self.op.grad_inputs:
                 inputs[name] = inputs[name].detach().requires_grad_(True)
@@ -166,8 +169,7 @@ class FunctionCase:
 
 
 # Dynamo recompiles a function once per new input shape and, past its recompile limit (8 by
-# default), silently runs it eagerly. A 9-shape RMSNorm sweep on an H200 (2026-11-21) timed the
-# torch.compile anchor as eager from its fifth shape on (1.66 ms where compiled code takes 0.13).
+# default), silently runs it eagerly: a sweep of many shapes would time the anchor as eager.
 _ANCHOR_RECOMPILE_LIMIT = 256
 
 

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .base import Candidate, Op, Requires, Tolerance, Workload, generator, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("fwd+bwd", "train")
 LR = 1e-4
@@ -102,10 +106,10 @@ class LlamaStepOp(Op):
     def modes(self) -> tuple[str, ...]:
         return MODES
 
-    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> "LlamaStepCase":
+    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> LlamaStepCase:
         return LlamaStepCase(candidate.build(), workload, device, mode)
 
-    def make_reference_case(self, workload: Workload, device: str, mode: str) -> "LlamaStepCase":
+    def make_reference_case(self, workload: Workload, device: str, mode: str) -> LlamaStepCase:
         upcast = "fp64" if device == "cpu" else "fp32"
         return LlamaStepCase(StepSpec("torch"), workload, device, "fwd+bwd", dtype=upcast)
 
@@ -291,7 +295,7 @@ def _with_optimizer(optimizer: str):
 
 # The optimizers where they are used (train mode); the layer candidates above step torch AdamW
 # (fused on CUDA), the anchor.
-llama_step.candidate("kernelbench-compile+triton-adamw", requires=Requires(triton=True))(_with_optimizer("triton-adamw"))
+llama_step.candidate("kernelbench-compile+triton-adamw",
+                     requires=Requires(triton=True))(_with_optimizer("triton-adamw"))
 llama_step.candidate("kernelbench-compile+adam-mini", requires=Requires(triton=True))(_with_optimizer("adam-mini"))
 llama_step.candidate("kernelbench-compile+muon", requires=Requires(triton=True))(_with_optimizer("muon"))
-

@@ -4,7 +4,7 @@ X = G / (||G||_F + 1e-7), transposed when rows > cols; each iteration A = X X^T,
 B = b A + c A A, X = a X + B X with (a, b, c) = (3.4445, -4.7750, 2.0315).
 FLOP model for m <= n per iteration: the FLOP that must be done, 3 m^2 n + m^3. X X^T and A A
 are symmetric, so only their upper triangle is needed (m^2 n and m^3 instead of 2 m^2 n and
-2 m^3, ANCHORS.md); B X is 2 m^2 n. The TFLOP/s column is therefore the useful rate: a
+2 m^3); B X is 2 m^2 n. The TFLOP/s column is therefore the useful rate: a
 candidate that computes the redundant lower half (torch eager and compile, whose cuBLAS GEMMs do
 the full 4 m^2 n + 2 m^3) shows a lower rate than the GPU ran at, and the symmetric kernels can
 no longer appear to beat the matmul ceiling.
@@ -86,8 +86,8 @@ muon_ns = FunctionOp(
     modes=("fwd",),
     flops=_flops,
     bytes_moved=_bytes,
-    # Element-wise error is meaningless for an iteration that amplifies rounding; the issue's
-    # criterion is the relative Frobenius error (2e-2 in bf16).
+    # Element-wise error is meaningless for an iteration that amplifies rounding: the relative
+    # Frobenius error is what is bounded (2e-2 in bf16).
     tolerances={
         "fp32": Tolerance(1e-3, 1e-3, fro=1e-4, reason="relative Frobenius error"),
         "fp16": Tolerance(5e-2, 5e-2, fro=2e-2, reason="relative Frobenius error"),
@@ -96,13 +96,12 @@ muon_ns = FunctionOp(
 )
 
 
-# torch's own bf16 iteration misses the op's 2e-2 bound at some anchor shapes (measured on an
-# H200 against the fp32 iteration: 1.7e-2 at 2048, 2.2e-2 at 4096x1024, 3.0e-2 at 2048x512,
-# ours 0.8e-2..1.2e-2): the baselines get a looser bf16 bound so the anchors run in CI, while
-# kernelbench's candidates keep 2e-2.
+# torch's own bf16 iteration misses the op's 2e-2 bound at some GPU shapes (see the parity rows
+# of the CI suite record in results/): the baselines get a looser bf16 bound so the anchors run
+# in CI, while kernelbench's candidates keep 2e-2.
 _TORCH_BF16 = {
     "bf16": Tolerance(0.05, 0.05, fro=3.5e-2,
-                              reason="torch's own bf16 iteration: measured 1.7e-2..3.0e-2 from fp32 on an H200"),
+                              reason="torch's own bf16 iteration: up to 3e-2 from fp32 on GPU shapes"),
 }
 
 
@@ -130,7 +129,7 @@ _BF16_ITERATION = {
 
 
 def _triton_ns(path: str):
-    from kernelbench.muon import newton_schulz
+    from kernelbench.newton_schulz import newton_schulz
 
     def run(G):
         return newton_schulz(G, NS_STEPS, path=path, check_finite=False)
@@ -153,5 +152,5 @@ def triton_hopper():
 
 @muon_ns.candidate("triton-auto", requires=Requires(triton=True), tolerance=_BF16_ITERATION)
 def triton_auto():
-    """kernelbench.muon.choose_path's pick per shape and device (newton_schulz.last_path)."""
+    """kernelbench.newton_schulz.choose_path's pick per shape and device (newton_schulz.last_path)."""
     return _triton_ns("auto")

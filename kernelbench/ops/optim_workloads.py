@@ -1,4 +1,4 @@
-"""Parameter sets shared by the optimizer ops (ANCHORS.md's workloads, and small CPU versions)."""
+"""Parameter sets shared by the optimizer ops (model-sized GPU workloads, and small CPU versions)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ Shapes = list[tuple[str, tuple[int, ...]]]
 
 
 def model_370m_shapes(vocab: int = 32000, d: int = 1024, layers: int = 24) -> Shapes:
-    """ANCHORS.md's model-370m: 367,576,064 fp32 params in 147 tensors at the default sizes."""
+    """model-370m: 367,576,064 fp32 params in 147 tensors at the default sizes."""
     shapes: Shapes = [("embed", (vocab, d))]
     for i in range(layers):
         shapes += [

@@ -16,7 +16,8 @@ candidate and the reference see the same parameters and the same gradient stream
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .base import Candidate, Op, StateBytes, Tolerance, Workload, generator, torch_dtype
 
@@ -69,10 +70,10 @@ class OptimizerOp(Op):
     def hyperparams_for(self, workload: Workload) -> dict[str, Any]:
         return {**self.hyperparams, **workload.spec.get("hyperparams", {})}
 
-    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str = "step") -> "OptimizerCase":
+    def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str = "step") -> OptimizerCase:
         return OptimizerCase(self, candidate.build, workload, device)
 
-    def make_reference_case(self, workload: Workload, device: str, mode: str = "step") -> "OptimizerCase":
+    def make_reference_case(self, workload: Workload, device: str, mode: str = "step") -> OptimizerCase:
         return self.make_case(self.get_candidate(self.reference), workload, device, mode)
 
     def bytes_moved(self, workload: Workload, candidate: Candidate, mode: str) -> int | None:
@@ -83,14 +84,14 @@ class OptimizerOp(Op):
 
 
 class OptimizerCase:
-    def __init__(self, op: OptimizerOp, build: Callable[..., torch.optim.Optimizer], workload: Workload, device: str) -> None:
+    def __init__(
+        self, op: OptimizerOp, build: Callable[..., torch.optim.Optimizer], workload: Workload, device: str
+    ) -> None:
         import torch
 
         self.op, self.workload, self.device = op, workload, device
         gen = generator(device, workload.seed)
-        self.named_params = [
-            (name, torch.nn.Parameter(t)) for name, t in make_named_params(workload, device, gen)
-        ]
+        self.named_params = [(name, torch.nn.Parameter(t)) for name, t in make_named_params(workload, device, gen)]
         self.set_step(0)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -135,9 +136,12 @@ class OptimizerCase:
             held = torch.cuda.memory_allocated() - self._allocated_before
             if held >= 0:
                 return StateBytes(held, "allocated after the first step minus before construction")
-            return StateBytes(tensor_bytes, f"allocator delta was negative ({held} B: the optimizer freed "
-                              "memory allocated before it); bytes of the tensors in optimizer.state instead",
-                              trusted=False)
+            return StateBytes(
+                tensor_bytes,
+                f"allocator delta was negative ({held} B: the optimizer freed "
+                "memory allocated before it); bytes of the tensors in optimizer.state instead",
+                trusted=False,
+            )
         return StateBytes(tensor_bytes, "bytes of the tensors in optimizer.state")
 
     def _state_tensor_bytes(self) -> int:

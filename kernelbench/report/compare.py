@@ -78,16 +78,25 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
         bt, nt = _times(base_rows), _times(new_rows)
         bp, np_ = _parity(base_rows), _parity(new_rows)
     except (TypeError, ValueError, KeyError) as exc:
-        raise UsageError(f"{base} / {new}: rows that are no kernelbench results ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"{base} / {new}: rows that are no kernelbench results ({type(exc).__name__}: {exc})"
+        ) from None
     joined = bt.add_suffix("_base").join(nt.add_suffix("_new"), how="inner")
     table = pd.DataFrame(index=joined.index)
     table["base ms"] = joined["time_median_ms_base"]
     table["new ms"] = joined["time_median_ms_new"]
     table["ratio"] = table["new ms"] / table["base ms"]
-    noise = pd.concat([
-        joined.get("time_iqr_ms_base", 0) / joined["time_median_ms_base"],
-        joined.get("time_iqr_ms_new", 0) / joined["time_median_ms_new"],
-    ], axis=1).max(axis=1).fillna(0)
+    noise = (
+        pd.concat(
+            [
+                joined.get("time_iqr_ms_base", 0) / joined["time_median_ms_base"],
+                joined.get("time_iqr_ms_new", 0) / joined["time_median_ms_new"],
+            ],
+            axis=1,
+        )
+        .max(axis=1)
+        .fillna(0)
+    )
     table["threshold"] = noise.clip(lower=min_threshold)
     table["verdict"] = "same"
     table.loc[table["ratio"] > 1 + table["threshold"], "verdict"] = "regression"
@@ -101,20 +110,29 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
     new_lead = new_rows[new_rows["metric"] == "time_median_ms"].drop_duplicates(KEYS).set_index(KEYS)
     broken = new_lead[new_lead["status"] == "error"].index.intersection(bt.index)
     for key in broken:
-        table.loc[key, ["verdict", "parity"]] = ["regression", "error in NEW: " + str(new_lead.loc[key, "message"])[:200]]
+        table.loc[key, ["verdict", "parity"]] = [
+            "regression",
+            "error in NEW: " + str(new_lead.loc[key, "message"])[:200],
+        ]
     table = table.reset_index()
     base_keys = bt.index.union(bp.index.drop_duplicates())
     new_keys = nt.index.union(np_.index.drop_duplicates())
     anywhere_in_new = pd.MultiIndex.from_frame(new_rows[KEYS].astype(str).drop_duplicates())
-    base_str = pd.MultiIndex.from_tuples([tuple(map(str, k)) for k in base_keys], names=KEYS) if len(base_keys) else base_keys
+    base_str = (
+        pd.MultiIndex.from_tuples([tuple(map(str, k)) for k in base_keys], names=KEYS) if len(base_keys) else base_keys
+    )
     only_base = ["/".join(k) for k in base_str.difference(anywhere_in_new)]
     only_new = ["/".join(map(str, k)) for k in new_keys.difference(base_keys)]
     if not allow_missing:
         if table.empty and both.empty:
-            raise UsageError(f"no rows in common between {base} and {new} (BASE has {len(base_keys)} "
-                             f"timed or checked rows, NEW {len(new_keys)}): are these runs of the same "
-                             "suite? Pass --allow-missing to accept it")
+            raise UsageError(
+                f"no rows in common between {base} and {new} (BASE has {len(base_keys)} "
+                f"timed or checked rows, NEW {len(new_keys)}): are these runs of the same "
+                "suite? Pass --allow-missing to accept it"
+            )
         if only_base:
-            raise UsageError(f"{len(only_base)} row(s) of BASE missing from NEW (first: {only_base[0]}): "
-                             "an incomplete or different run; pass --allow-missing to compare the rest")
+            raise UsageError(
+                f"{len(only_base)} row(s) of BASE missing from NEW (first: {only_base[0]}): "
+                "an incomplete or different run; pass --allow-missing to compare the rest"
+            )
     return Comparison(table, only_base, only_new, mismatches)

@@ -14,8 +14,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from enum import Enum
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..harness.runner import ROW_FIELDS
+from ..harness.rows import ROW_FIELDS, Row
 from .plot import plots_markdown
 from .tables import bench_table, parity_table, to_markdown
 
@@ -38,7 +38,7 @@ def default_output_dir(verb: str, label: str, root: Path = Path("reports")) -> P
 
 
 class ReportWriter:
-    """A row sink (see harness.runner.RowSink) that persists as it goes."""
+    """A row sink (see harness.rows.RowSink) that persists as it goes."""
 
     def __init__(self, folder: Path, fingerprint: dict, verb: str, *, settings: dict | None = None) -> None:
         self.folder = Path(folder)
@@ -55,8 +55,8 @@ class ReportWriter:
         self._last_json = 0.0
         self._write_json()
 
-    def add(self, row: dict) -> None:
-        row = {k: row.get(k) for k in ROW_FIELDS}
+    def add(self, row: Row | dict) -> None:
+        row = row.as_dict() if isinstance(row, Row) else {k: row.get(k) for k in ROW_FIELDS}
         self.rows.append(row)
         pd.DataFrame([row], columns=list(ROW_FIELDS)).to_csv(self._csv, mode="a", header=False, index=False)
         if time.monotonic() - self._last_json > _JSON_EVERY_S:

@@ -89,7 +89,7 @@ def make_band(reference_losses: list[np.ndarray], rtol: float, window: int | Non
         raise ValueError("the band needs at least one reference run")
     if rtol < 0:
         raise ValueError(f"rtol must be >= 0, got {rtol}")
-    finals = np.array([final_loss(l, window) for l in reference_losses])
+    finals = np.array([final_loss(losses, window) for losses in reference_losses])
     if not np.isfinite(finals).all():
         raise ValueError(f"a reference run did not finish with a finite loss (final losses {finals.tolist()})")
     mean = float(finals.mean())
@@ -113,7 +113,7 @@ class StepBand:
 
 
 def step_band(reference_losses: list[np.ndarray], rtol: float, window: int) -> StepBand:
-    runs = np.stack([running_loss(l, window) for l in reference_losses])
+    runs = np.stack([running_loss(losses, window) for losses in reference_losses])
     mean = runs.mean(axis=0)
     spread = np.abs(runs - mean).max(axis=0)
     return StepBand(mean, spread + rtol * np.abs(mean))

@@ -14,7 +14,7 @@ Layer ops (rmsnorm, rotary): the model built with each layer set (``torch``, the
 from __future__ import annotations
 
 import inspect
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 

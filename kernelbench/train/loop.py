@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..harness.runner import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, RowSink, _error_message
+from ..harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row, RowSink
+from ..harness.runner import _error_message
 from ..models import CONFIGS, LlamaConfig
 from ..ops.base import UsageError, unknown_name_error
 from .band import Band, StepBand, Verdict, judge, make_band, step_band, tail_window
@@ -44,7 +45,7 @@ class TrainSettings:
     device: str = "cpu"
 
     @classmethod
-    def defaults(cls, device: str, **given) -> "TrainSettings":
+    def defaults(cls, device: str, **given) -> TrainSettings:
         """The default model and sizes of a device (the GPU one, or a seconds-long CPU one),
         overridden by whatever is given (None means not given)."""
         base = (dict(model="llama-7m", steps=500, batch=32, seq=256) if device == "cuda"
@@ -161,9 +162,7 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     def row(name: str, metric: str, value, unit: str, status: str, message: str = "") -> None:
         if isinstance(value, float) and not math.isfinite(value):
             value = None
-        sink.add({"op": op_label, "workload": settings.model, "mode": MODE, "candidate": name,
-                  "metric": metric, "value": value, "unit": unit, "status": status, "flags": "",
-                  "tensor": "", "message": message})
+        sink.add(Row(op_label, settings.model, MODE, name, metric, value, unit, status, message=message).as_dict())
 
     def run(cand: TrainCandidate, order_seed: int) -> RunLog:
         progress(f"train {op_label}: {cand.name} (data order {order_seed}), {settings.steps} steps")
@@ -183,13 +182,13 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     else:
         try:
             ref_logs = [run(reference, s) for s in range(settings.ref_seeds)]
-            band = make_band([l.losses for l in ref_logs], settings.rtol, window)
-        except Exception as exc:  # noqa: BLE001 - the reference's failure is every candidate's error
+            band = make_band([log.losses for log in ref_logs], settings.rtol, window)
+        except Exception as exc:  # the reference's failure is every candidate's error
             skip_or_error(reference, ERROR, f"reference {reference.name} did not train: {_error_message(exc)}")
             ref_logs = []
         else:
             result.band = band
-    per_step = step_band([l.losses for l in ref_logs], settings.rtol, window) if result.band else None
+    per_step = step_band([log.losses for log in ref_logs], settings.rtol, window) if result.band else None
 
     def judged(cand: TrainCandidate, log: RunLog) -> None:
         outcome = _judge(cand, log, result.band, per_step, window, settings, stream.stats)
@@ -209,7 +208,7 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
         else:
             try:
                 log = run(cand, cand.order_seed)
-            except Exception as exc:  # noqa: BLE001 - one candidate's crash is its own error row
+            except Exception as exc:  # one candidate's crash is its own error row
                 skip_or_error(cand, ERROR, _error_message(exc))
             else:
                 judged(cand, log)
@@ -242,25 +241,50 @@ def _judge(cand: TrainCandidate, log: RunLog, band: Band, per_step: StepBand, wi
 def _emit_rows(row, cand: TrainCandidate, outcome: Outcome, settings: TrainSettings) -> None:
     log, v = outcome.log, outcome.verdict
     status = ERROR if v.nonfinite_step is not None and cand.role != ROLE_ANCHOR else OK
-    row(cand.name, "final_loss", v.final, "nats", status, f"mean loss over the last {tail_window(settings.steps)} steps")
+    window = tail_window(settings.steps)
+    row(cand.name, "final_loss", v.final, "nats", status, f"mean loss over the last {window} steps")
     row(cand.name, "band_gap", v.gap, "band", status, "(final - reference mean) / band half-width")
-    row(cand.name, "first_step_outside_band", v.first_outside, "step", OK,
-        "stayed in the band" if v.first_outside is None else "first step whose running loss is outside")
-    row(cand.name, "nonfinite_step", v.nonfinite_step, "step", OK if v.nonfinite_step is None else ERROR,
-        "loss finite at every step" if v.nonfinite_step is None else "first step with a NaN/Inf loss")
+    row(
+        cand.name,
+        "first_step_outside_band",
+        v.first_outside,
+        "step",
+        OK,
+        "stayed in the band" if v.first_outside is None else "first step whose running loss is outside",
+    )
+    row(
+        cand.name,
+        "nonfinite_step",
+        v.nonfinite_step,
+        "step",
+        OK if v.nonfinite_step is None else ERROR,
+        "loss finite at every step" if v.nonfinite_step is None else "first step with a NaN/Inf loss",
+    )
     if log.step_ms is None:
         note = "Triton interpreter: time not measured"
         row(cand.name, "time_median_ms", None, "ms", NOT_MEASURED, note)
         row(cand.name, "tokens_per_s", None, "tokens/s", NOT_MEASURED, note)
     else:
         what = "CUDA events" if settings.device == "cuda" else "perf_counter"
-        row(cand.name, "time_median_ms", log.median_step_ms, "ms", OK,
-            f"median step (forward, backward, clip, optimizer step; {what}), first 2 steps excluded")
+        row(
+            cand.name,
+            "time_median_ms",
+            log.median_step_ms,
+            "ms",
+            OK,
+            f"median step (forward, backward, clip, optimizer step; {what}), first 2 steps excluded",
+        )
         row(cand.name, "tokens_per_s", log.tokens_per_s, "tokens/s", OK, f"{log.tokens_per_step} tokens per step")
     row(cand.name, "state_bytes", log.state_bytes, "B", OK, "bytes of the optimizer's state tensors")
     row(cand.name, "wall_s", log.wall_s, "s", OK, "the whole run, set-up included")
-    row(cand.name, "parity", 1.0 if outcome.status == PASS else 0.0 if outcome.status == FAIL else None, "",
-        outcome.status, outcome.message)
+    row(
+        cand.name,
+        "parity",
+        1.0 if outcome.status == PASS else 0.0 if outcome.status == FAIL else None,
+        "",
+        outcome.status,
+        outcome.message,
+    )
 
 
 def _train_doc(op_label, settings, config, stream, result: TrainResult, window, candidates) -> dict:
@@ -270,35 +294,47 @@ def _train_doc(op_label, settings, config, stream, result: TrainResult, window, 
         "wall_s": result.wall_s,
         "settings": asdict(settings),
         "model": asdict(config) | {"n_params": config.n_params()},
-        "data": asdict(stream.stats) | {"empirical_floor": stream.empirical_loss_floor(),
-                                        "n_sequences": stream.n_sequences},
+        "data": asdict(stream.stats)
+        | {"empirical_floor": stream.empirical_loss_floor(), "n_sequences": stream.n_sequences},
         "window": window,
-        "band": None if band is None else asdict(band) | {"half_width": band.half_width, "low": band.low,
-                                                           "high": band.high},
+        "band": None
+        if band is None
+        else asdict(band) | {"half_width": band.half_width, "low": band.low, "high": band.high},
         "candidates": [
-            {"name": o.name, "role": o.role, "status": o.status, "message": o.message,
-             "final_loss": None if o.verdict is None or not math.isfinite(o.verdict.final) else o.verdict.final,
-             "gap": None if o.verdict is None or not math.isfinite(o.verdict.gap) else o.verdict.gap,
-             "first_step_outside_band": None if o.verdict is None else o.verdict.first_outside,
-             "nonfinite_step": None if o.verdict is None else o.verdict.nonfinite_step,
-             "median_step_ms": None if o.log is None else o.log.median_step_ms,
-             "tokens_per_s": None if o.log is None else o.log.tokens_per_s,
-             "state_bytes": None if o.log is None else o.log.state_bytes,
-             "hyperparams": next((dict(c.hyperparams) for c in candidates if c.name == o.name), None)}
+            {
+                "name": o.name,
+                "role": o.role,
+                "status": o.status,
+                "message": o.message,
+                "final_loss": None if o.verdict is None or not math.isfinite(o.verdict.final) else o.verdict.final,
+                "gap": None if o.verdict is None or not math.isfinite(o.verdict.gap) else o.verdict.gap,
+                "first_step_outside_band": None if o.verdict is None else o.verdict.first_outside,
+                "nonfinite_step": None if o.verdict is None else o.verdict.nonfinite_step,
+                "median_step_ms": None if o.log is None else o.log.median_step_ms,
+                "tokens_per_s": None if o.log is None else o.log.tokens_per_s,
+                "state_bytes": None if o.log is None else o.log.state_bytes,
+                "hyperparams": next((dict(c.hyperparams) for c in candidates if c.name == o.name), None),
+            }
             for o in result.outcomes
         ],
     }
 
 
-def with_changes(candidate: TrainCandidate, name: str, *, order_seed: int | None = None,
-                 lr_factor: float | None = None) -> TrainCandidate:
+def with_changes(
+    candidate: TrainCandidate, name: str, *, order_seed: int | None = None, lr_factor: float | None = None
+) -> TrainCandidate:
     """A copy of ``candidate`` under another name, judged as a candidate: another data order,
     or its learning rate scaled (how the band's sensitivity is tested)."""
     hp = dict(candidate.hyperparams)
     if lr_factor is not None:
         hp["lr"] = hp["lr"] * lr_factor
-    return replace(candidate, name=name, hyperparams=hp, role="candidate",
-                   order_seed=candidate.order_seed if order_seed is None else order_seed)
+    return replace(
+        candidate,
+        name=name,
+        hyperparams=hp,
+        role="candidate",
+        order_seed=candidate.order_seed if order_seed is None else order_seed,
+    )
 
 
 def result_table(result: TrainResult) -> pd.DataFrame:
@@ -306,17 +342,20 @@ def result_table(result: TrainResult) -> pd.DataFrame:
     lines = []
     for o in result.outcomes:
         v, log = o.verdict, o.log
-        lines.append({
-            "candidate": o.name, "role": o.role,
-            "final loss": _fmt(v.final) if v else "-",
-            "gap (band)": "-" if v is None or not math.isfinite(v.gap) else f"{v.gap:+.2f}",
-            "left band at": "-" if v is None or v.first_outside is None else str(v.first_outside),
-            "NaN/Inf at": "-" if v is None or v.nonfinite_step is None else str(v.nonfinite_step),
-            "step ms": _fmt(log.median_step_ms, 2) if log else "-",
-            "tokens/s": "-" if log is None or log.tokens_per_s is None else f"{log.tokens_per_s:,.0f}",
-            "state MB": "-" if log is None else f"{log.state_bytes / 1e6:.3f}",
-            "result": o.status,
-            "details": o.message if o.log is None else "",
-        })
+        lines.append(
+            {
+                "candidate": o.name,
+                "role": o.role,
+                "final loss": _fmt(v.final) if v else "-",
+                "gap (band)": "-" if v is None or not math.isfinite(v.gap) else f"{v.gap:+.2f}",
+                "left band at": "-" if v is None or v.first_outside is None else str(v.first_outside),
+                "NaN/Inf at": "-" if v is None or v.nonfinite_step is None else str(v.nonfinite_step),
+                "step ms": _fmt(log.median_step_ms, 2) if log else "-",
+                "tokens/s": "-" if log is None or log.tokens_per_s is None else f"{log.tokens_per_s:,.0f}",
+                "state MB": "-" if log is None else f"{log.state_bytes / 1e6:.3f}",
+                "result": o.status,
+                "details": o.message if o.log is None else "",
+            }
+        )
     table = pd.DataFrame(lines)
     return table.drop(columns="details") if not table.empty and not table["details"].any() else table
