@@ -16,7 +16,7 @@ rank's own seeded gradients, which live in flat buffers as a DDP-style trainer k
   torch.optim.AdamW(fused=True) on every parameter. ``allreduce`` and ``fused_adamw`` time the
   two halves alone.
 
-Timing: the harness's RepTimer (CUDA events around each rep, the host clock on the CPU); before
+Timing: kernelbench._timer.RepTimer (CUDA events around each rep, the host clock on the CPU); before
 each rep the harness's L2 flush and a barrier that lines the ranks up, both untimed. The six
 metrics are interleaved round by round so drift hits all of them. A rep's time is the slowest
 rank's (a step is done when every rank is); the JSON also has each rank's median. State bytes
@@ -47,7 +47,8 @@ import torch.distributed as dist
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
 
-from kernelbench.harness.timing import L2Flusher, RepTimer
+from kernelbench._timer import RepTimer
+from kernelbench.harness.timing import L2Flusher
 from kernelbench.ops.base import Workload, unknown_name_error
 from kernelbench.ops.dist_adamw import OP
 
@@ -111,7 +112,7 @@ def tensor_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 class Timer:
-    """One harness RepTimer per metric; before each rep an L2 flush and a barrier, both untimed."""
+    """One RepTimer per metric; before each rep an L2 flush and a barrier, both untimed."""
 
     def __init__(self, device: torch.device) -> None:
         self.timers = {m: RepTimer(device) for m in METRICS}

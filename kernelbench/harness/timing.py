@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+from .._timer import RepTimer
+
 # do_bench flushes with a 256 MB write; the flush is never smaller than that, so that when the
 # host is slower to enqueue a call than the GPU is to run it, both loops give the host the same
 # head start and agree (a smaller flush lets launch latency leak into the timed interval).
@@ -78,33 +80,27 @@ def time_cuda(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
     prepare()
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        prepare()
-        flush()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = start.elapsed_time(end) / 5
+    def five_calls() -> None:
+        for _ in range(5):
+            prepare()
+            flush()
+            fn()
+
+    probe = RepTimer("cuda")
+    probe(five_calls)
+    estimate = probe.times_ms()[0] / 5
     n_warmup = _estimate_count(config.warmup_ms, estimate, 1, config.max_reps)
     n_reps = _estimate_count(config.rep_ms, estimate, config.min_reps, config.max_reps)
     for _ in range(n_warmup):
         prepare()
         fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_reps)]
+    timer = RepTimer("cuda", reserve=n_reps)
     host = []
-    for i in range(n_reps):
+    for _ in range(n_reps):
         prepare()
         flush()
-        starts[i].record()
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e3)
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        host.append(timer(fn))
+    times = timer.times_ms()
     return Sample(times, "cuda-events" + (", L2 flushed" if config.flush_l2 else ", warm L2"), _median(host))
 
 
@@ -189,35 +185,6 @@ def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return Sample(times, "cpu perf_counter", _median(times))
-
-
-class RepTimer:
-    """Times calls one by one, for loops that interleave their own work between reps (the
-    dist-adamw ranks' barrier and flush): CUDA events around each call on a GPU, read after one
-    synchronisation at the end; perf_counter on the CPU, where the work is done when it returns."""
-
-    def __init__(self, device: torch.device | str) -> None:
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self._reps: list = []
-
-    def __call__(self, fn: Callable[[], None]) -> None:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            self._reps.append((start, end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            self._reps.append((time.perf_counter() - t0) * 1e3)
-
-    def times_ms(self) -> list[float]:
-        if not self.cuda:
-            return list(self._reps)
-        torch.cuda.synchronize(self.device)
-        return [start.elapsed_time(end) for start, end in self._reps]
 
 
 # Host timing: calls between two device synchronisations. Small enough that tiny workloads never

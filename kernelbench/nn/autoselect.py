@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from .._timer import RepTimer
+
 log = logging.getLogger("kernelbench.nn")
 
 CACHE_ENV = "KERNELBENCH_CACHE_DIR"
@@ -115,25 +117,19 @@ def _triton_blocker(candidates: Candidates, shape: tuple) -> str | None:
     return candidates.blocker(shape) if shape else None
 
 
-# Not kernelbench.harness.timing (the library must import without the harness): a short
-# interleaved median is all a per-shape choice needs, without the harness's L2 flush and rounds.
 def cuda_event_timer(runners: dict[str, Callable[[], None]]) -> dict[str, float]:
-    """Median ms per runner: WARMUP untimed calls each, then REPS rounds interleaving them."""
+    """Median ms per runner: WARMUP untimed calls each, then REPS rounds interleaving them; a
+    per-shape choice needs no L2 flush or rounds of the harness's loop."""
     for run in runners.values():
         for _ in range(WARMUP):
             run()
-    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                     for _ in range(REPS)] for name in runners}
-    for rep in range(REPS):
+    timers = {name: RepTimer("cuda", reserve=REPS) for name in runners}
+    for _ in range(REPS):
         for name, run in runners.items():
-            start, end = events[name][rep]
-            start.record()
-            run()
-            end.record()
-    torch.cuda.synchronize()
+            timers[name](run)
     result = {}
-    for name, pairs in events.items():
-        times = sorted(start.elapsed_time(end) for start, end in pairs)
+    for name, timer in timers.items():
+        times = sorted(timer.times_ms())
         result[name] = times[len(times) // 2]
     return result
 
