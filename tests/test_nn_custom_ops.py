@@ -139,6 +139,14 @@ def test_auto_is_decided_outside_the_trace(tmp_path, monkeypatch):
                           layout="sbhd", impl="triton"), "layout must be one of bhsd, bshd, got 'sbhd'"),
 ])
 def test_bad_input_under_compile_raises_the_eager_message(call, message):
+    with pytest.raises((ValueError, TypeError)) as eager:
+        call()
+    # torch.compile's default: the eager error itself, same type and text, at the first call.
+    torch._dynamo.reset()
+    with pytest.raises(type(eager.value), match=message) as compiled:
+        torch.compile(call, backend="aot_eager")()
+    assert str(compiled.value) == str(eager.value)
+    # fullgraph=True: Dynamo reports the same exception, raised in traced code.
     torch._dynamo.reset()
     with pytest.raises(Exception, match=message):
         torch.compile(call, backend="aot_eager", fullgraph=True)()

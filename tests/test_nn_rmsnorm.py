@@ -320,3 +320,17 @@ def test_gradcheck_fp64_backward_configs(config):
     x = torch.randn(5, 37, generator=gen, dtype=torch.float64, requires_grad=True)
     w = torch.randn(37, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(Norm.apply, (x, w), fast_mode=True)
+
+
+@pytest.mark.parametrize("m, n", [(8, 512), (3, 4096), (40, 1024)], ids=["8x512", "3x4096", "40x1024"])
+@pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
+def test_launch_bound_backward_is_one_program(m, n, has_weight, has_dres):
+    """Backwards of at most 32768 elements: one program that writes dw itself, no partials;
+    larger ones keep the persistent grid and the dw reduction."""
+    from kernelbench.nn import rmsnorm_kernels as K
+
+    check_backward(m, n, torch.float32, has_weight, has_dres, None)
+    plan = K._bwd_plans[(m, n, torch.float32, -1, has_weight, has_dres, None)]
+    one_program = m * n <= K._ONE_PROGRAM_BWD_MAX_ELEMENTS
+    assert (plan.main.grid == (1,)) == one_program
+    assert (plan.sum_rows is None) == (one_program or not has_weight)

@@ -73,9 +73,9 @@ def rms_norm(
     if impl not in IMPLS:
         raise ValueError(f"rms_norm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     compiling = torch.compiler.is_compiling()
-    # Traced calls are checked by the op's fake implementation (a raise here would be a graph break).
-    if not compiling:
-        _check_inputs(x, weight, residual)
+    # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
+    # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
+    _check_inputs(x, weight, residual)
     if eps is None:
         eps = torch.finfo(x.dtype).eps if x.dtype.is_floating_point else 0.0
     needs_grad = torch.is_grad_enabled() and (
@@ -88,6 +88,9 @@ def rms_norm(
         return _torch_rms_norm(x, weight, eps, residual)
     if compiling:
         _triton_blocker_const(x.is_cuda)
+        if x.shape[-1] > MAX_N:
+            raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row "
+                             "the Triton kernels take; use impl='torch' or impl='auto'")
         return _rms_norm_compiled(x, weight, residual, float(eps))
     if not ((x.is_cuda and HAVE_TRITON) or interpreter()) or x.shape[-1] > MAX_N:
         raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")

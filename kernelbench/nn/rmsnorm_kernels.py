@@ -21,7 +21,8 @@ Kernels, each launched with a frozen config (``FwdConfig``, ``BwdConfig``; defau
 - ``_rmsnorm_bwd_kernel``, rows up to 8192 wide: a persistent grid of as many programs per SM as
   can be resident (read from the compiled kernel), loading the next rows while reducing the
   current ones; each program keeps its share of dw in fp32 registers, written once as a row of an
-  fp32 (programs, N) partial buffer that ``_sum_rows_kernel`` reduces to dw.
+  fp32 (programs, N) partial buffer that ``_sum_rows_kernel`` reduces to dw. Backwards of at most
+  32768 elements run as one program that writes dw itself (launch-bound: one launch fewer).
 - ``_rmsnorm_bwd_wide_kernel``, 8192 < N <= 16384: one row per step, x, g = dy * w and the dw
   accumulator of the whole row in registers, so x and dy are read from HBM once.
 - Wider rows: ``_rmsnorm_bwd_kernel`` in two passes per row (dot product, then dx, the row coming
@@ -77,6 +78,9 @@ _BWD_TWO_PASS_WARPS = 32
 _BWD_TWO_PASS_PROGRAMS_PER_SM = 2
 # Chunk width of the two-pass kernels: 16 fp32 values per thread at 16 warps, no spills.
 _CHUNK_N = 8192
+# Backwards this small are launch-bound (the device finishes before the host issues the next
+# launch): one program does every row and writes dw itself, saving the dw-reduction launch.
+_ONE_PROGRAM_BWD_MAX_ELEMENTS = 32768
 # Small N: pack rows so a program moves >= 4096 elements (8 KB of bf16); fewer, fatter programs
 # keep enough bytes in flight per SM and amortise the per-program reduction and launch work.
 _ELEMENTS_PER_PROGRAM = 4096
@@ -250,7 +254,7 @@ def _rmsnorm_bwd_kernel(
     dres_ptr, dres_stride,  # gradient of the new residual h (HAS_DRES)
     rstd_ptr,  # (M,) fp32 from the forward
     dx_ptr, dx_stride,  # gradient of x (and of the residual)
-    dw_partial_ptr,  # (num_programs, N) fp32: each program's share of dw (SINGLE_PASS)
+    dw_partial_ptr,  # (num_programs, N) fp32: each program's share of dw (SINGLE_PASS); dw for one program
     M, N,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # the padded row block (single pass) or the chunk width (two passes)
@@ -446,6 +450,8 @@ def _tl_acc(dtype: torch.dtype):
 
 def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     """(M, N) view with unit column stride (copies only when the last dim is strided)."""
+    if t.dim() == 2 and t.stride(1) == 1:  # already rows: no view (host time in launch-bound calls)
+        return t
     rows = t.reshape(-1, n)
     return rows if rows.stride(-1) == 1 or rows.shape[0] == 0 else rows.contiguous()
 
@@ -503,10 +509,10 @@ def _fwd_launcher(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> C
 
 class _BwdPlan(NamedTuple):
     main: CachedLauncher  # _rmsnorm_bwd_kernel or _rmsnorm_bwd_wide_kernel
-    partial_rows: int  # rows of the fp32 dw partial buffer (0: no weight)
+    partial_rows: int  # rows of the fp32 dw partial buffer (0: none, no weight or one program)
     dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two passes)
     rows_per_split: int  # rows each dw_columns program sums
-    sum_rows: CachedLauncher | None  # _sum_rows_kernel: partials -> dw
+    sum_rows: CachedLauncher | None  # _sum_rows_kernel: partials -> dw (None: no partials)
 
 
 def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = None):
@@ -533,6 +539,11 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     if not has_weight:
         plan.main(*args)
         return dx, None
+    if plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
+        dw = torch.empty_like(weight)
+        args[10] = dw
+        plan.main(*args)
+        return dx, dw
     partial = torch.empty((plan.partial_rows, n), dtype=rstd.dtype, device=x2d.device)
     if plan.dw_columns is None:
         args[10] = partial
@@ -565,8 +576,12 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
     # as a second, partial wave. Capped at the row blocks so every program writes a dw partial.
     programs_per_sm = config.programs_per_sm or _resident_per_sm(kernel, args, meta, x2d)
     row_programs = min(triton.cdiv(m, config.block_m), max(1, programs_per_sm * sms))
+    if config.kernel == "rows" and not config.programs_per_sm and m * n <= _ONE_PROGRAM_BWD_MAX_ELEMENTS:
+        row_programs = 1
     main = CachedLauncher(kernel, (row_programs,), **meta)
     if not has_weight:
+        return _BwdPlan(main, 0, None, 0, None)
+    if config.kernel == "rows" and row_programs == 1:  # the one program's share is dw: written directly
         return _BwdPlan(main, 0, None, 0, None)
     dw_columns, rows_per_split, partial_rows = None, 0, row_programs
     if config.kernel == "two-pass":

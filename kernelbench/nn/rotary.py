@@ -30,7 +30,6 @@ from .rotary_kernels import (
     RotaryConfig,
     _bhsd_shape,
     _check,
-    _check_options_const,
     _forward,
     _interpreter,
     _offsets_for_kernel,
@@ -112,12 +111,9 @@ def apply_rotary(
     """
     if impl not in IMPLS:
         raise ValueError(f"apply_rotary: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    if torch.compiler.is_compiling():
-        # Tensors are checked by the op's fake implementation (a raise here would be a graph break).
-        _check_options_const(style, layout)
-        cos, sin = _table_2d(cos), _table_2d(sin)
-    else:
-        cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
+    # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
+    # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
+    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
     if impl == "auto":
         qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
         shape = (qb[0], qb[1], kb[1], qb[2], qb[3], cos.shape[-1])
@@ -155,12 +151,10 @@ def apply_rotary_(
     A ``torch.library`` custom op (``kernelbench::rotary_``) that declares it mutates q and k, so
     torch.compile and CUDA graphs see the write. Returns q and k.
     """
+    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)  # traced too, as in apply_rotary
     if torch.compiler.is_compiling():
-        _check_options_const(style, layout)
-        cos, sin = _table_2d(cos), _table_2d(sin)  # checked by the op's fake implementation
         _triton_blocker_const(q.is_cuda, "apply_rotary_")
     else:
-        cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
         why_not = triton_usable(q)
         if why_not is not None:
             raise ValueError(f"apply_rotary_: {why_not}")

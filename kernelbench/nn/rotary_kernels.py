@@ -353,16 +353,6 @@ def _triton_blocker_const(is_cuda: bool, caller: str) -> bool:
     return True
 
 
-@torch.compiler.assume_constant_result
-def _check_options_const(style: str, layout: str) -> bool:
-    """The string options of a traced call, checked at trace time (they are constants there)."""
-    if style not in STYLES:
-        raise ValueError(f"apply_rotary: style must be one of {', '.join(STYLES)}, got {style!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"apply_rotary: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    return True
-
-
 # ------------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------------

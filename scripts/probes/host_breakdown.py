@@ -1,0 +1,139 @@
+"""Where an RMSNorm call's host time goes: the public call against F.rms_norm and liger, and
+each piece of the Triton path alone (input checks, allocation, one launch, the autograd.Function
+and the autograd engine's own cost), on the ``host-8x4096`` bf16 input.
+
+    python scripts/probes/host_breakdown.py [--calls 3000] [--json out.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kernelbench.nn import rmsnorm_kernels as K
+from kernelbench.nn.rmsnorm import rms_norm
+
+from common import emit  # noqa: F401  (puts the checkout on sys.path)
+
+
+def per_call_us(fn, calls: int, prepare=None) -> float:
+    """Median host microseconds per call, the device synchronised every 50 calls (untimed)."""
+    for _ in range(50):
+        if prepare:
+            prepare()
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        if prepare:
+            prepare()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+        if i % 50 == 49:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+class _Null(torch.autograd.Function):
+    """The cheapest autograd.Function with the RMSNorm signature: what Python autograd costs."""
+
+    @staticmethod
+    def forward(ctx, x, w, r, eps):
+        ctx.save_for_backward(x, w)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        return dy, torch.empty_like(w), None, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    dev = "cuda"
+    x = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
+    xd, wd = x.detach(), w.detach()
+
+    def clear():
+        x.grad = w.grad = None
+
+    def fwd_bwd(f):
+        def run():
+            torch.autograd.backward(f(), dy)
+        return run
+
+    y0, h0, saved = K._forward(xd, wd, None, 1e-6)
+    rstd = saved[2]
+    fwd_launch = next(iter(K._fwd_plans.values()))
+    K._rmsnorm_bwd(xd, wd, rstd, dy, None)
+    bwd_plan = next(iter(K._bwd_plans.values()))
+    bwd_args = [xd, 4096, wd, dy, 4096, dy, 0, rstd, torch.empty_like(xd), 4096, rstd, 8, 4096]
+    partial = torch.empty((bwd_plan.partial_rows, 4096), dtype=torch.float32, device=dev)
+    bwd_args[10] = partial
+    dw = torch.empty_like(wd)
+    y_buf = torch.empty_like(xd)
+    fwd_args = (xd, 4096, xd, 0, wd, y_buf, 4096, y_buf, 0, rstd, 8, 4096, 1e-6)
+    runner = next(iter(fwd_launch._runners.values()))
+    full_fwd_args = fwd_launch._with_constexprs(fwd_args)
+
+    cases = {
+        "F.rms_norm fwd": lambda: F.rms_norm(x, (4096,), w, 1e-6),
+        "F.rms_norm fwd+bwd": fwd_bwd(lambda: F.rms_norm(x, (4096,), w, 1e-6)),
+        "ours fwd": lambda: rms_norm(x, w, 1e-6, impl="triton"),
+        "ours fwd+bwd": fwd_bwd(lambda: rms_norm(x, w, 1e-6, impl="triton")),
+        "ours fwd no-grad": lambda: rms_norm(xd, wd, 1e-6, impl="triton"),
+        "custom op fwd+bwd (eager)": fwd_bwd(lambda: K._rms_norm_compiled(x, w, None, 1e-6)),
+        "null Function fwd": lambda: _Null.apply(x, w, None, 1e-6),
+        "null Function fwd+bwd": fwd_bwd(lambda: _Null.apply(x, w, None, 1e-6)),
+        "x*2 fwd+bwd": fwd_bwd(lambda: x * 2),
+        "_check_inputs": lambda: K._check_inputs(x, w, None),
+        "_forward": lambda: K._forward(xd, wd, None, 1e-6),
+        "_rmsnorm_fwd": lambda: K._rmsnorm_fwd(xd, wd, None, 1e-6),
+        "_rmsnorm_bwd": lambda: K._rmsnorm_bwd(xd, wd, rstd, dy, None),
+        "fwd CachedLauncher call": lambda: fwd_launch(*fwd_args),
+        "fwd compiled runner": lambda: runner(*full_fwd_args),
+        "bwd main launch": lambda: bwd_plan.main(*bwd_args),
+        "bwd sum_rows launch": lambda: bwd_plan.sum_rows(partial, dw, bwd_plan.partial_rows, 4096),
+        "torch.empty_like": lambda: torch.empty_like(xd),
+        "torch.empty (8,) fp32": lambda: torch.empty(8, dtype=torch.float32, device=dev),
+        "torch.empty partial": lambda: torch.empty((bwd_plan.partial_rows, 4096), dtype=torch.float32, device=dev),
+        "current_device": torch.cuda.current_device,
+        "x.reshape(-1, n)": lambda: xd.reshape(-1, 4096),
+        "w.contiguous()": lambda: wd.contiguous(),
+        "x.get_device()": lambda: xd.get_device(),
+    }
+    try:
+        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+        liger = LigerRMSNorm(4096, eps=1e-6).to(dev, torch.bfloat16)
+        cases["liger fwd"] = lambda: liger(x)
+        cases["liger fwd+bwd"] = fwd_bwd(lambda: liger(x))
+    except ImportError:
+        pass
+    results = {}
+    for _ in range(2):
+        for name, fn in cases.items():
+            us = per_call_us(fn, args.calls, prepare=clear)
+            results.setdefault(name, []).append(us)
+    for name, values in results.items():
+        print(f"{name:32s} {min(values):9.1f} us  (rounds: {', '.join(f'{v:.1f}' for v in values)})")
+        if args.json:
+            with open(args.json, "a") as fh:
+                import json
+
+                fh.write(json.dumps({"case": name, "host_us": min(values), "rounds": values}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
