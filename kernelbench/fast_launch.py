@@ -9,8 +9,10 @@ path takes about as long as the GPU takes to run it, so the GPU waits.
 ``CachedLauncher`` launches one kernel with a fixed grid and fixed compile-time arguments. The
 first launch for a given argument *shape* (dtype and alignment of each tensor, the size class of
 each int) goes through Triton as usual, which compiles if needed and returns the compiled kernel;
-later launches with the same argument shape call that compiled kernel's launcher directly
-(``CompiledKernel[grid](*args)``, the path Triton's own ``run`` ends in). The key is more
+later launches with the same argument shape call that compiled kernel's launch function
+directly (``CompiledKernel.run`` with the grid, the current stream and the loaded function: what
+``CompiledKernel[grid](*args)``, the path Triton's own ``run`` ends in, does without its per-call
+lookups; with a profiler's launch hooks set, through ``CompiledKernel[grid]``). The key is more
 conservative than Triton's specialization (every property Triton specializes on is in it), so a
 cached kernel is only reused where Triton would have picked the same one.
 
@@ -49,6 +51,29 @@ def _arg_key(arg: Any) -> Any:
 _UNCACHEABLE = object()
 
 
+_launch_knobs: Any = None  # triton.knobs.runtime (its launch hooks), read once a kernel is compiled
+
+
+def _read_launch_knobs() -> Any:
+    global _launch_knobs
+    if _launch_knobs is None:
+        try:
+            from triton import knobs
+        except ImportError:  # a Triton without knobs: launches go through CompiledKernel[grid]
+            return None
+        _launch_knobs = getattr(knobs, "runtime", None)
+    return _launch_knobs
+
+
+def _no_launch_hooks() -> bool:
+    # A profiler's launch hooks need Triton's own runner (it builds their metadata).
+    return _launch_knobs.launch_enter_hook is None and _launch_knobs.launch_exit_hook is None
+
+
+def _raw_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
 class CachedLauncher:
     """Launches ``kernel`` on ``grid`` with the compile-time arguments and options in ``meta``
     (``BLOCK=...``, ``num_warps=...``): ``launcher(*runtime_args)``. Runtime arguments are passed
@@ -81,15 +106,28 @@ class CachedLauncher:
         if not self._cacheable or torch.compiler.is_compiling():
             self.kernel[self.grid](*args, **self.meta)
             return
-        key = (torch.cuda.current_device(), *map(_arg_key, args))
-        runner = self._runners.get(key)
-        if runner is not None:
-            runner(*self._with_constexprs(args))
+        device = torch.cuda.current_device()
+        key = (device, *map(_arg_key, args))
+        entry = self._runners.get(key)
+        if entry is not None:
+            runner, direct = entry
+            if direct is not None and _no_launch_hooks():
+                run, function, packed_metadata = direct
+                g = self._grid3
+                run(g[0], g[1], g[2], _raw_stream(device), function, packed_metadata, None, None, None,
+                    *self._with_constexprs(args))
+            else:
+                runner(*self._with_constexprs(args))
             return
         compiled = self.kernel[self.grid](*args, **self.meta)
         if _UNCACHEABLE in key or not hasattr(compiled, "run") or not hasattr(compiled, "__getitem__"):
             return
-        self._runners[key] = compiled[self._grid3]
+        runner = compiled[self._grid3]  # loads the module: function and packed_metadata exist after
+        direct = None
+        loaded = all(hasattr(compiled, name) for name in ("function", "packed_metadata"))
+        if loaded and _read_launch_knobs() is not None:
+            direct = (compiled.run, compiled.function, compiled.packed_metadata)
+        self._runners[key] = (runner, direct)
 
     def _with_constexprs(self, args: tuple) -> list:
         if self._constexpr_tail is not None:

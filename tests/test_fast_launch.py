@@ -11,18 +11,28 @@ from kernelbench.fast_launch import CachedLauncher
 
 
 class FakeCompiled:
-    def __init__(self, log: list) -> None:
+    """What Triton's CompiledKernel offers: ``[grid]`` (a runner) and, once loaded, ``run``,
+    ``function`` and ``packed_metadata``."""
+
+    def __init__(self, log: list, loaded: bool = True) -> None:
         self.log = log
-        self.run = object()
+        if loaded:
+            self.function, self.packed_metadata = "fn", "meta"
+
+    def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter, exit_, *args):
+        assert (stream, function, packed_metadata) == (1234, "fn", "meta")
+        assert (launch_metadata, enter, exit_) == (None, None, None)
+        self.log.append(("direct", (gx, gy, gz), args))
 
     def __getitem__(self, grid):
-        return lambda *args: self.log.append(("direct", grid, args))
+        return lambda *args: self.log.append(("runner", grid, args))
 
 
 class FakeKernel:
     """Parameters (ptr, n, BLOCK: constexpr, scale, FLAG: constexpr), like a @triton.jit function."""
 
-    def __init__(self) -> None:
+    def __init__(self, loaded: bool = True) -> None:
+        self.loaded = loaded
         names = [("ptr", False), ("n", False), ("BLOCK", True), ("scale", False), ("FLAG", True)]
         self.params = [SimpleNamespace(name=n, is_constexpr=c) for n, c in names]
         self.log: list = []
@@ -30,7 +40,7 @@ class FakeKernel:
     def __getitem__(self, grid):
         def launch(*args, **meta):
             self.log.append(("triton", grid, args, meta))
-            return FakeCompiled(self.log)
+            return FakeCompiled(self.log, self.loaded)
         return launch
 
 
@@ -38,6 +48,8 @@ class FakeKernel:
 def compiled_mode(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(fast_launch.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fast_launch, "_raw_stream", lambda device: 1234)
+    monkeypatch.setattr(fast_launch, "_launch_knobs", SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None))
 
 
 def test_first_launch_goes_through_triton_then_direct_with_constexprs_in_place(compiled_mode):
@@ -100,3 +112,23 @@ def test_constexprs_between_runtime_parameters_are_inserted_in_place(compiled_mo
     launch(x, 5, 1.0)
     launch(x, 5, 1.0)
     assert list(kernel.log[-1][2][1:]) == [3, 5, 8, 1.0, False]
+
+
+def test_launch_hooks_or_an_unloaded_kernel_take_triton_runner(compiled_mode, monkeypatch):
+    kernel = FakeKernel()
+    launch = CachedLauncher(kernel, (3,), BLOCK=8, FLAG=False)
+    x = torch.zeros(8)
+    launch(x, 5, 1.0)
+    launch(x, 5, 1.0)
+    assert kernel.log[-1][0] == "direct"
+    hooks = SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None)  # a profiler's hook
+    monkeypatch.setattr(fast_launch, "_launch_knobs", hooks)
+    launch(x, 5, 1.0)
+    assert kernel.log[-1][:2] == ("runner", (3, 1, 1))
+    # A compiled kernel without the loaded function (another Triton): always its runner.
+    unloaded = FakeKernel(loaded=False)
+    launch = CachedLauncher(unloaded, (3,), BLOCK=8, FLAG=False)
+    monkeypatch.setattr(fast_launch, "_launch_knobs", SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None))
+    launch(x, 5, 1.0)
+    launch(x, 5, 1.0)
+    assert [entry[0] for entry in unloaded.log] == ["triton", "runner"]
