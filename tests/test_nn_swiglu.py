@@ -108,6 +108,19 @@ def test_non_contiguous_and_mixed_grad():
     assert up.grad is None
 
 
+def test_saves_only_gate_and_up():
+    """The backward recomputes sigmoid: nothing but the inputs is kept (eager also keeps silu(gate))."""
+    gate, up, _ = draw((4, 32), torch.float32, seed=9)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        silu_mul(gate, up, impl="triton")
+    assert sorted(t.data_ptr() for t in saved) == sorted((gate.data_ptr(), up.data_ptr()))
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        F.silu(gate) * up
+    assert len(saved) == 3
+
+
 def test_no_grad_and_empty():
     gate, up, _ = draw((3, 10), torch.float32, seed=2)
     with torch.no_grad():

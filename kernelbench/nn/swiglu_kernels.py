@@ -11,8 +11,8 @@ Math, element by element (fp32 whatever the storage dtype; fp64 inputs stay fp64
 Kernels, both elementwise over the flattened tensors (contiguous; other layouts are copied first):
 - ``_silu_mul_fwd_kernel`` reads gate and up once and writes out: 3 x numel x s bytes.
 - ``_silu_mul_bwd_kernel`` reads dy, gate and up once and writes dgate and dup: 5 x numel x s
-  bytes. sig is recomputed from gate, so the forward saves only its inputs (which the backward
-  of the matmuls producing them keeps anyway), never silu(gate).
+  bytes. sig is recomputed from gate, so the forward saves only gate and up: eager's mul also
+  keeps silu(gate), one more activation of that size per layer.
 Eager PyTorch takes 5 passes forward (silu, then mul) and 9 backward (three kernels); fused: 3 + 5.
 
 Each program moves ``SiluMulConfig.block`` elements; launches go through
