@@ -15,6 +15,7 @@ _EXPORTS = {
     "rms_norm": "kernelbench.nn.rmsnorm",
     "apply_rotary": "kernelbench.nn.rotary",
     "apply_rotary_": "kernelbench.nn.rotary",
+    "silu_mul": "kernelbench.nn.swiglu",
 }
 # The modules whose AUTOSELECT candidates impl="auto" times, by op name.
 _AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}

@@ -1,0 +1,73 @@
+"""The SwiGLU activation, ``silu(gate) * up``, fused in one Triton kernel forward and one
+backward: ``silu_mul``.
+
+In a Llama MLP, ``down_proj(silu_mul(gate_proj(x), up_proj(x)))``. The kernels, their launch
+configuration and the autograd / custom-op plumbing are in ``kernelbench.nn.swiglu_kernels``.
+``silu_mul_ref_fp32`` is the reference the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .swiglu_kernels import (
+    HAVE_TRITON,
+    SUPPORTED_DTYPES,
+    SiluMulConfig,
+    _SiluMulFunction,
+    _triton_blocker_const,
+    _triton_usable_const,
+    check_inputs,
+    default_config,
+    interpreter,
+    silu_mul_fwd,
+    triton_usable,
+)
+
+__all__ = ["IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul", "silu_mul_ref_fp32",
+           "triton_usable"]
+
+IMPLS = ("auto", "triton", "torch")
+
+
+def silu_mul_ref_fp32(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Reference computed in fp32 (fp64 inputs stay fp64) and rounded once to the input dtype:
+    the math of ``kernelbench.nn.swiglu_kernels``."""
+    compute = torch.float64 if gate.dtype == torch.float64 else torch.float32
+    return (F.silu(gate.to(compute)) * up.to(compute)).to(gate.dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` for gate and up of one shape, dtype (fp32 / bf16 / fp16 / fp64) and
+    device; math in fp32 (fp64 for fp64), the result rounded once to the input dtype.
+
+    ``impl``: "triton" (one fused kernel forward, one backward), "torch"
+    (``F.silu(gate) * up``) or "auto": Triton where it can run (a CUDA tensor with triton
+    installed, or TRITON_INTERPRET=1), else torch. Non-contiguous inputs are copied first; the
+    result is contiguous. Under ``torch.compile`` the Triton path is the custom ops
+    ``kernelbench::silu_mul_fwd`` / ``silu_mul_bwd`` (no graph break, forward or backward).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"silu_mul: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    compiling = torch.compiler.is_compiling()
+    # Traced calls are checked by the op's fake implementation (a raise here would be a graph break).
+    if not compiling:
+        check_inputs(gate, up)
+    if impl == "auto":
+        if compiling:
+            usable = _triton_usable_const(gate.is_cuda)
+        else:
+            usable = (gate.is_cuda and HAVE_TRITON) or interpreter()
+        impl = "triton" if usable else "torch"
+    if impl == "torch":
+        return F.silu(gate) * up
+    if compiling:
+        _triton_blocker_const(gate.is_cuda)
+        return torch.ops.kernelbench.silu_mul_fwd(gate, up)
+    if not ((gate.is_cuda and HAVE_TRITON) or interpreter()):
+        raise ValueError(f"silu_mul(impl='triton'): {triton_usable(gate)}; use impl='torch' or impl='auto'")
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _SiluMulFunction.apply(gate, up)
+    # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
+    return silu_mul_fwd(gate, up)
