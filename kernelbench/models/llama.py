@@ -12,10 +12,11 @@ with RMSNorm, rotary embeddings in Hugging Face's rotate_half style, grouped-que
 ``model.layers.N.self_attn.q_proj``, ``model.layers.N.mlp.gate_proj``, ``lm_head``...), so
 optimizers that partition by name (Adam-mini) see what they would see on the real model.
 
-``layers`` picks the RMSNorm and rotary implementations; everything else is the same code:
-``"torch"`` (``torch.nn.RMSNorm`` and an eager rotary), ``"kernelbench"`` (``kernelbench.nn``,
-with ``impl``), ``"liger"`` (liger-kernel's, when installed). The residual add before each norm
-goes through the layer set too, so an implementation that fuses it (kernelbench's) can.
+``layers`` picks the implementations of RMSNorm, rotary and the SwiGLU activation
+(``silu(gate) * up``); everything else is the same code: ``"torch"`` (``torch.nn.RMSNorm``, an
+eager rotary, ``F.silu(gate) * up``), ``"kernelbench"`` (``kernelbench.nn``, with ``impl``),
+``"liger"`` (liger-kernel's, when installed). The residual add before each norm goes through the
+layer set too, so an implementation that fuses it (kernelbench's) can.
 """
 
 from __future__ import annotations
@@ -86,24 +87,32 @@ def eager_rotary(q, k, cos, sin):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
+def _eager_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
 class LayerSet:
-    """The RMSNorm and rotary implementations a model is built with."""
+    """The RMSNorm, rotary and SwiGLU-activation implementations a model is built with."""
 
     def __init__(self, name: str, impl: str = "auto") -> None:
         if name not in LAYER_SETS:
             raise ValueError(f"layers must be one of {', '.join(LAYER_SETS)}, got {name!r}")
         self.name, self.impl = name, impl
         self.rotary: Callable = eager_rotary
+        self.silu_mul: Callable = _eager_silu_mul
         if name == "kernelbench":
-            from kernelbench.nn import apply_rotary
+            from kernelbench.nn import apply_rotary, silu_mul
 
             self.rotary = lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl=impl)
+            self.silu_mul = lambda gate, up: silu_mul(gate, up, impl=impl)
         elif name == "liger":
             from liger_kernel.ops.rope import LigerRopeFunction
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
             # liger takes cos / sin as (1, S, D) or (B, S, D) in q's dtype
             self.rotary = lambda q, k, cos, sin: LigerRopeFunction.apply(
                 q, k, cos.to(q.dtype).unsqueeze(0), sin.to(q.dtype).unsqueeze(0))
+            self.silu_mul = LigerSiLUMulFunction.apply
 
     def norm(self, hidden: int, eps: float) -> nn.Module:
         if self.name == "kernelbench":
@@ -150,14 +159,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, layers: LayerSet) -> None:
         super().__init__()
+        self.layers = layers
         self.gate_proj = nn.Linear(config.hidden, config.intermediate, bias=False)
         self.up_proj = nn.Linear(config.hidden, config.intermediate, bias=False)
         self.down_proj = nn.Linear(config.intermediate, config.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.layers.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -167,7 +177,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = layers.norm(config.hidden, config.eps)
         self.self_attn = Attention(config, layers)
         self.post_attention_layernorm = layers.norm(config.hidden, config.eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, layers)
 
     def forward(self, normed: torch.Tensor, residual: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes norm1(x) and x; returns the MLP's output and the residual stream h, whose sum is

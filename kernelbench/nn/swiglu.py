@@ -51,9 +51,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     if impl not in IMPLS:
         raise ValueError(f"silu_mul: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     compiling = torch.compiler.is_compiling()
-    # Traced calls are checked by the op's fake implementation (a raise here would be a graph break).
-    if not compiling:
-        check_inputs(gate, up)
+    # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
+    # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
+    check_inputs(gate, up)
     if impl == "auto":
         if compiling:
             usable = _triton_usable_const(gate.is_cuda)

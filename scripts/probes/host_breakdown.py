@@ -139,10 +139,28 @@ def main() -> None:
         cases["liger fwd+bwd"] = fwd_bwd(lambda: liger(x))
     except ImportError:
         pass
+    # The harness's own cases and host loop, beside this probe's loop on the same cases.
+    from kernelbench.harness.timing import time_host
+    from kernelbench.ops import get_op
+
+    op = get_op("rmsnorm")
+    op_cases = {}
+    for cand in ("torch-rms-norm", "triton"):
+        for mode in ("fwd", "fwd+bwd"):
+            case = op.make_case(op.get_candidate(cand), op.workload("host-8x4096"), "cuda", mode)
+            cases[f"harness case {cand} {mode} (probe loop)"] = case.run
+            op_cases[f"harness case {cand} {mode} (probe loop)"] = case
+            cases[f"harness case {cand} {mode} (time_host)"] = (case, None)
     results = {}
     for _ in range(2):
         for name, fn in cases.items():
-            us = per_call_us(fn, args.calls, prepare=clear)
+            if isinstance(fn, tuple):
+                us = statistics.median(time_host(fn[0].run, fn[0].prepare).times) * 1e3
+            elif name.startswith("harness case"):
+                case = op_cases[name]
+                us = per_call_us(fn, args.calls, prepare=case.prepare)
+            else:
+                us = per_call_us(fn, args.calls, prepare=clear)
             results.setdefault(name, []).append(us)
     for name, values in results.items():
         print(f"{name:32s} {min(values):9.1f} us  (rounds: {', '.join(f'{v:.1f}' for v in values)})")
