@@ -265,3 +265,10 @@ def test_bad_input_under_compile_raises_the_eager_message(call, message):
     torch._dynamo.reset()
     with pytest.raises(Exception, match=message):
         torch.compile(lambda: call(), backend="aot_eager", fullgraph=True)()
+
+
+def test_double_backward_is_refused():
+    logits, targets = make((3, 20), torch.float32, 14)
+    (dx,) = torch.autograd.grad(cross_entropy(logits, targets, impl="triton"), logits, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        dx.sum().backward()

@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 try:
     import triton
@@ -306,6 +307,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return loss.view(targets.shape) if reduction == "none" else loss
 
     @staticmethod
+    @once_differentiable  # the backward kernel has no derivative: a double backward is an error
     def backward(ctx, grad):
         x2d, t1d, lse, n_valid = ctx.saved_tensors
         dx = _backward(grad, x2d, t1d, lse, n_valid, ctx.ignore_index, ctx.reduction)
