@@ -56,14 +56,18 @@ def test_fp16_and_fp32(dtype, rtol):
 
 def test_no_device_to_host_sync():
     logits, targets = make(512, 32000, torch.bfloat16, 3, ignored=5)
-    cross_entropy(logits, targets, impl="triton").backward()  # compile and cache the launches first
-    logits.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+
+    def steps():
         for reduction in ("mean", "sum", "none"):
             loss = cross_entropy(logits, targets, reduction=reduction, impl="triton")
             loss.backward(torch.ones_like(loss))
+
+    steps()  # compile and cache every launch first
+    logits.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call now raises
+    try:
+        steps()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(logits.grad).all()
