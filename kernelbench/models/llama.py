@@ -12,11 +12,14 @@ with RMSNorm, rotary embeddings in Hugging Face's rotate_half style, grouped-que
 ``model.layers.N.self_attn.q_proj``, ``model.layers.N.mlp.gate_proj``, ``lm_head``...), so
 optimizers that partition by name (Adam-mini) see what they would see on the real model.
 
-``layers`` picks the implementations of RMSNorm, rotary and the SwiGLU activation
-(``silu(gate) * up``); everything else is the same code: ``"torch"`` (``torch.nn.RMSNorm``, an
-eager rotary, ``F.silu(gate) * up``), ``"kernelbench"`` (``kernelbench.nn``, with ``impl``),
-``"liger"`` (liger-kernel's, when installed). The residual add before each norm goes through the
-layer set too, so an implementation that fuses it (kernelbench's) can.
+``layers`` picks the implementations of RMSNorm, rotary, the SwiGLU activation
+(``silu(gate) * up``) and the loss; everything else is the same code: ``"torch"``
+(``torch.nn.RMSNorm``, an eager rotary, ``F.silu(gate) * up``, cross-entropy on the logits upcast
+to fp32 as Hugging Face's models compute it), ``"kernelbench"`` (``kernelbench.nn``, with
+``impl``), ``"liger"`` (liger-kernel's norm, rotary and SwiGLU, when installed; torch's loss,
+since liger's cross-entropy writes its gradient into the logits the model returns). The residual
+add before each norm goes through the layer set too, so an implementation that fuses it
+(kernelbench's) can.
 """
 
 from __future__ import annotations
@@ -91,8 +94,15 @@ def _eager_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _upcast_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # bf16 / fp16 logits upcast to fp32 (Hugging Face's loss); fp64 stays fp64.
+    upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(upcast.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 class LayerSet:
-    """The RMSNorm, rotary and SwiGLU-activation implementations a model is built with."""
+    """The RMSNorm, rotary, SwiGLU-activation and loss implementations a model is built with:
+    ``loss(logits, targets)`` is the mean cross-entropy (fp32) over every position."""
 
     def __init__(self, name: str, impl: str = "auto") -> None:
         if name not in LAYER_SETS:
@@ -100,11 +110,13 @@ class LayerSet:
         self.name, self.impl = name, impl
         self.rotary: Callable = eager_rotary
         self.silu_mul: Callable = _eager_silu_mul
+        self.loss: Callable = _upcast_cross_entropy
         if name == "kernelbench":
-            from kernelbench.nn import apply_rotary, silu_mul
+            from kernelbench.nn import apply_rotary, cross_entropy, silu_mul
 
             self.rotary = lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl=impl)
             self.silu_mul = lambda gate, up: silu_mul(gate, up, impl=impl)
+            self.loss = lambda logits, targets: cross_entropy(logits, targets, impl=impl)
         elif name == "liger":
             from liger_kernel.ops.rope import LigerRopeFunction
             from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -243,8 +255,7 @@ class Llama(nn.Module):
         return self.lm_head(normed)
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.forward(tokens)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return self.layer_set.loss(self.forward(tokens), targets)
 
 
 # Named configurations: a tiny one the CPU tests and CPU suites run (Triton in the interpreter), a

@@ -1,6 +1,6 @@
 """Drop-in modules and functions on kernelbench's Triton kernels.
 
-    from kernelbench.nn import RMSNorm, apply_rotary
+    from kernelbench.nn import RMSNorm, apply_rotary, cross_entropy
 
 Names resolve lazily (see kernelbench.optim for why).
 """
@@ -16,6 +16,7 @@ _EXPORTS = {
     "apply_rotary": "kernelbench.nn.rotary",
     "apply_rotary_": "kernelbench.nn.rotary",
     "silu_mul": "kernelbench.nn.swiglu",
+    "cross_entropy": "kernelbench.nn.crossentropy",
 }
 # The modules whose AUTOSELECT candidates impl="auto" times, by op name.
 _AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}

@@ -155,11 +155,8 @@ class LlamaStepCase:
         self.set_step(0)
 
     def _loss_and_logits(self, tokens: torch.Tensor, targets: torch.Tensor):
-        import torch.nn.functional as F
-
         logits = self.model(tokens)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        return loss, logits
+        return self.model.layer_set.loss(logits, targets), logits
 
     def set_step(self, step: int) -> None:
         import torch

@@ -1,0 +1,82 @@
+"""Cross-entropy of logits against class indices on kernelbench's Triton kernels: the value and
+gradient of ``torch.nn.functional.cross_entropy(logits.float(), targets)`` (what Hugging Face
+models compute) without materialising the fp32 logits, their log-softmax or its gradient.
+
+The kernels, their launch configuration and the autograd / custom-op plumbing are in
+``kernelbench.nn.crossentropy_kernels``. ``cross_entropy_ref_fp32`` is the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .crossentropy_kernels import (
+    REDUCTIONS,
+    SUPPORTED_DTYPES,
+    _check_inputs,
+    _cross_entropy_compiled,
+    _CrossEntropyFunction,
+    _forward_no_grad,
+    _triton_runs_here_const,
+    triton_usable,
+)
+
+__all__ = ["IMPLS", "REDUCTIONS", "SUPPORTED_DTYPES", "cross_entropy", "cross_entropy_ref_fp32", "triton_usable"]
+
+IMPLS = ("auto", "triton", "torch")
+
+
+def cross_entropy_ref_fp32(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, reduction: str = "mean"
+) -> torch.Tensor:
+    """``F.cross_entropy`` on the logits upcast to fp32 (fp64 stays fp64), any leading shape
+    flattened to rows; the loss of "none" has the targets' shape."""
+    compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(compute), targets.reshape(-1),
+                           ignore_index=ignore_index, reduction=reduction)
+    return loss.view(targets.shape) if reduction == "none" else loss
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Cross-entropy of ``logits`` (..., V) in fp32 / bf16 / fp16 (fp64 too) against int64
+    ``targets`` of the logits' leading shape, computed in fp32.
+
+    Same value and gradient as ``F.cross_entropy(logits.float(), targets, ignore_index=...,
+    reduction=...)`` on the rows: ``reduction`` "mean" (over the rows whose target is not
+    ``ignore_index``; NaN when there is none), "sum" or "none" (the targets' shape). The loss is
+    fp32 (fp64 for fp64 logits); the gradient has the logits' dtype. Nothing waits for the host:
+    targets outside [0, V) give NaN losses instead of an error.
+    ``impl``: "triton", "torch" (the expression above) or "auto" (Triton where it runs: CUDA
+    tensors with triton installed, or TRITON_INTERPRET=1; else torch).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"cross_entropy: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    compiling = torch.compiler.is_compiling()
+    # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
+    # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
+    _check_inputs(logits, targets, ignore_index, reduction)
+    if impl == "auto":
+        runs = _triton_runs_here_const(logits.is_cuda) if compiling else triton_usable(logits) is None
+        impl = "triton" if runs else "torch"
+    if impl == "torch":
+        return cross_entropy_ref_fp32(logits, targets, ignore_index, reduction)
+    if compiling:
+        if not _triton_runs_here_const(logits.is_cuda):
+            raise ValueError("cross_entropy(impl='triton'): Triton kernels need CUDA tensors and triton installed "
+                             "(or TRITON_INTERPRET=1); use impl='torch' or impl='auto'")
+        return _cross_entropy_compiled(logits, targets, ignore_index, reduction)
+    why_not = triton_usable(logits)
+    if why_not:
+        raise ValueError(f"cross_entropy(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _CrossEntropyFunction.apply(logits, targets, ignore_index, reduction)
+    # No gradient to record: skip autograd.Function's bookkeeping.
+    return _forward_no_grad(logits, targets, ignore_index, reduction)
