@@ -37,12 +37,14 @@ for step in "$@"; do
   case "$step" in
     env) run_step env 120 python3 -m kernelbench env --json ;;
     selfcheck) run_step selfcheck 300 python3 scripts/timing_selfcheck.py ;;
+    # -p no:logging: pytest's log capture hooks torch's structured-trace logger, which then
+    # renders every Inductor IR payload (minutes for a whole compiled model).
     gputests)  # each file on its own, so that one that hangs costs only its own limit
       for file in tests/gpu/test_*.py; do
         run_step "gputests-$(basename "$file" .py)" "${GPUTESTS_TIMEOUT:-240}" \
-          python3 -m pytest -m gpu "$file" -v -p no:cacheprovider -rfs --durations=5
+          python3 -m pytest -m gpu "$file" -v -p no:cacheprovider -p no:logging -rfs --durations=5
       done ;;
-    gputests:*) run_step "gputests-$n" 500 python3 -m pytest -m gpu ${step#gputests:} -v -p no:cacheprovider -rfs --durations=5 ;;
+    gputests:*) run_step "gputests-$n" 500 python3 -m pytest -m gpu ${step#gputests:} -v -p no:cacheprovider -p no:logging -rfs --durations=5 ;;
     ci) run_step ci 550 python3 -m kernelbench run --config configs/ci.toml --output-dir "$WORK/reports/ci" ;;
     kb:*)
       name="step$n-$(echo "${step#kb:}" | tr -cs 'A-Za-z0-9' '-' | cut -c1-60)"
