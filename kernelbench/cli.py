@@ -747,7 +747,7 @@ def env(
 @app.command("train", epilog=EXIT_CODES_HELP)
 def train_cmd(
     op: Annotated[str, typer.Argument(help="An optimizer op (adamw, adam-mini, adafactor, muon) or a layer op "
-                                           "(rmsnorm, rotary).")],
+                                           "(rmsnorm, rotary, swiglu, cross-entropy).")],
     steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on "
                                                               "the CPU).")] = None,
     batch: Annotated[int | None, typer.Option(

@@ -1,7 +1,8 @@
 """A training step of the Llama-style decoder (kernelbench.models.Llama) with each layer set.
 
 Modes: ``fwd+bwd`` (logits, cross-entropy, backward) and ``train`` (the same plus one optimizer
-step). Candidates differ in the RMSNorm / rotary layers (torch, kernelbench, liger), in whether
+step). Candidates differ in the layer set (RMSNorm, rotary, SwiGLU activation and loss: torch,
+kernelbench, liger; see kernelbench.models.llama), in whether
 the step is compiled (``torch.compile(fullgraph=True)``), and, for ``train``, in the optimizer.
 Every candidate starts from the same seeded fp32 weights (cast to the workload's dtype) and sees
 the same tokens, so parity compares the logits and every parameter's gradient with the torch

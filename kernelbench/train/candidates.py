@@ -7,8 +7,9 @@ declare (Adam-mini's ``dim``, ``n_heads``, ``n_kv_heads``) come from the model's
 Candidates marked ``parity=False`` compute another algorithm (AdamW beside Adam-mini): they are
 trained as anchors and not judged.
 
-Layer ops (rmsnorm, rotary): the model built with each layer set (``torch``, the reference;
-``kernelbench``, our Triton kernels; ``liger`` where installed), all trained by torch's AdamW.
+Layer ops (rmsnorm, rotary, swiglu, cross-entropy): the model built with each layer set
+(``torch``, the reference; ``kernelbench``, our Triton kernels; ``liger`` where installed), all
+trained by torch's AdamW. A layer set swaps every layer at once, so these ops train the same runs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..ops import get_op
 from ..ops.base import Requires, UsageError, unknown_name_error
 from .loop import ROLE_ANCHOR, ROLE_CANDIDATE, ROLE_REFERENCE, TrainCandidate
 
-LAYER_OPS = ("rmsnorm", "rotary")
+LAYER_OPS = ("rmsnorm", "rotary", "swiglu", "cross-entropy")
 LAYER_OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -50,13 +51,15 @@ def _layer_candidates(op_name: str, lr: float | None) -> list[TrainCandidate]:
     hp = {**LAYER_OPTIMIZER, **({"lr": lr} if lr is not None else {})}
     return [
         TrainCandidate("torch", _torch_adamw, hp, layers="torch", role=ROLE_REFERENCE,
-                       doc="torch.nn.RMSNorm and the eager rotary (Hugging Face's)"),
+                       doc="torch.nn.RMSNorm, the eager rotary, F.silu(g) * u and the fp32-upcast loss "
+                           "(Hugging Face's)"),
         TrainCandidate("kernelbench", _torch_adamw, hp, layers="kernelbench", impl="triton",
                        requires=Requires(triton=True),
-                       doc=f"kernelbench's Triton RMSNorm (fused residual add) and rotary, for {op_name}"),
+                       doc=f"kernelbench's Triton RMSNorm (fused residual add), rotary, SwiGLU and "
+                           f"cross-entropy, for {op_name}"),
         TrainCandidate("liger", _torch_adamw, hp, layers="liger",
                        requires=Requires(cuda=True, triton=True, packages=("liger_kernel",)),
-                       doc="liger-kernel's RMSNorm and rotary"),
+                       doc="liger-kernel's RMSNorm, rotary and SwiGLU (torch's loss)"),
     ]
 
 
