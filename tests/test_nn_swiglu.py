@@ -281,11 +281,9 @@ def test_bad_input(call, match):
 
 
 def test_without_the_interpreter_triton_refuses_cpu_tensors_and_auto_takes_torch(monkeypatch):
-    import kernelbench.nn.swiglu as swiglu
-    import kernelbench.nn.swiglu_kernels as kernels
+    import kernelbench.nn._triton_support as support
 
-    monkeypatch.setattr(swiglu, "interpreter", lambda: False)
-    monkeypatch.setattr(kernels, "interpreter", lambda: False)
+    monkeypatch.setattr(support, "interpreter", lambda: False)
     gate, up, _ = draw((2, 8), torch.float32, seed=7)
     with pytest.raises(ValueError, match=r"silu_mul\(impl='triton'\): Triton kernels need CUDA tensors"):
         silu_mul(gate, up, impl="triton")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._triton_support import require_const, runs_here_const
+from ._triton_support import why_not_here as triton_usable
 from .crossentropy_kernels import (
     REDUCTIONS,
     SUPPORTED_DTYPES,
@@ -18,8 +20,6 @@ from .crossentropy_kernels import (
     _cross_entropy_compiled,
     _CrossEntropyFunction,
     _forward_no_grad,
-    _triton_runs_here_const,
-    triton_usable,
 )
 
 __all__ = ["IMPLS", "REDUCTIONS", "SUPPORTED_DTYPES", "cross_entropy", "cross_entropy_ref_fp32", "triton_usable"]
@@ -64,14 +64,12 @@ def cross_entropy(
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
     _check_inputs(logits, targets, ignore_index, reduction)
     if impl == "auto":
-        runs = _triton_runs_here_const(logits.is_cuda) if compiling else triton_usable(logits) is None
+        runs = runs_here_const(logits.is_cuda) if compiling else triton_usable(logits) is None
         impl = "triton" if runs else "torch"
     if impl == "torch":
         return cross_entropy_ref_fp32(logits, targets, ignore_index, reduction)
     if compiling:
-        if not _triton_runs_here_const(logits.is_cuda):
-            raise ValueError("cross_entropy(impl='triton'): Triton kernels need CUDA tensors and triton installed "
-                             "(or TRITON_INTERPRET=1); use impl='torch' or impl='auto'")
+        require_const(logits.is_cuda, "cross_entropy(impl='triton')")
         return _cross_entropy_compiled(logits, targets, ignore_index, reduction)
     why_not = triton_usable(logits)
     if why_not:

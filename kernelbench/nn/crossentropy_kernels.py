@@ -29,7 +29,6 @@ device-to-host sync): their row's loss is NaN and their gradient lacks the one-h
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +42,6 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher
 
-HAVE_TRITON = getattr(triton, "available", True)
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 REDUCTIONS = ("mean", "sum", "none")
@@ -381,12 +379,6 @@ def _cross_entropy_compiled(logits, targets, ignore_index, reduction):
     return loss
 
 
-@torch.compiler.assume_constant_result
-def _triton_runs_here_const(is_cuda: bool) -> bool:
-    """For a traced call, at trace time: whether the Triton kernels can run on this device."""
-    return bool(HAVE_TRITON) and (is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 # ------------------------------------------------------------------------------------------------
 # Input checks
 # ------------------------------------------------------------------------------------------------
@@ -412,18 +404,3 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
         raise ValueError(f"cross_entropy: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if type(ignore_index) is not int:
         raise TypeError(f"cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
-
-
-def triton_usable(x: torch.Tensor) -> str | None:
-    """Why the Triton path cannot take ``x`` here, or None when it can."""
-    if not HAVE_TRITON:
-        return "triton not installed"
-    if not x.is_cuda and not interpreter():
-        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def interpreter() -> bool:
-    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
-    return bool(HAVE_TRITON) and os.environ.get("TRITON_INTERPRET") == "1"

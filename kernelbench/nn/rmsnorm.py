@@ -13,17 +13,15 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ._triton_support import require_const, runs_here
 from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from .rmsnorm_kernels import (
-    HAVE_TRITON,
     MAX_N,
     SUPPORTED_DTYPES,
     _check_inputs,
     _forward,
     _rms_norm_compiled,
     _RMSNormFunction,
-    _triton_blocker_const,
-    interpreter,
     triton_usable,
 )
 
@@ -87,12 +85,12 @@ def rms_norm(
     if impl == "torch":
         return _torch_rms_norm(x, weight, eps, residual)
     if compiling:
-        _triton_blocker_const(x.is_cuda)
+        require_const(x.is_cuda, "rms_norm(impl='triton')")
         if x.shape[-1] > MAX_N:
             raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row "
                              "the Triton kernels take; use impl='torch' or impl='auto'")
         return _rms_norm_compiled(x, weight, residual, float(eps))
-    if not ((x.is_cuda and HAVE_TRITON) or interpreter()) or x.shape[-1] > MAX_N:
+    if not runs_here(x) or x.shape[-1] > MAX_N:
         raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
     if needs_grad:
         return _RMSNormFunction.apply(x, weight, residual, float(eps))

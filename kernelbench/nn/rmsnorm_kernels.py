@@ -38,7 +38,6 @@ The measurements behind the defaults: results/2026-11-22-h200-norm/README.md.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,9 +51,9 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 
 from .._device import sm_count
 from ..fast_launch import CachedLauncher
+from ._triton_support import why_not_here
 
 MAX_N = 65536
-HAVE_TRITON = getattr(triton, "available", True)
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -747,19 +746,6 @@ def _rms_norm_compiled(x, weight, residual, eps):
     return y if residual is None else (y, h)
 
 
-@torch.compiler.assume_constant_result
-def _triton_blocker_const(is_cuda: bool) -> bool:
-    """For a traced call, at trace time: raise when the Triton kernels cannot run here."""
-    why_not = None
-    if not HAVE_TRITON:
-        why_not = "triton not installed"
-    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    if why_not:
-        raise ValueError(f"rms_norm(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
-    return True
-
-
 # ------------------------------------------------------------------------------------------------
 # Input checks
 # ------------------------------------------------------------------------------------------------
@@ -791,16 +777,7 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.
 
 def triton_usable(x: torch.Tensor) -> str | None:
     """Why the Triton path cannot take ``x`` here, or None when it can."""
-    if not getattr(triton, "available", True):
-        return "triton not installed"
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    if x.shape[-1] > MAX_N:
-        return f"last dimension {x.shape[-1]} > {MAX_N}, the widest row the Triton kernels take"
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def interpreter() -> bool:
-    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
-    return HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+    why = why_not_here(x)
+    if why is None and x.shape[-1] > MAX_N:
+        why = f"last dimension {x.shape[-1]} > {MAX_N}, the widest row the Triton kernels take"
+    return why

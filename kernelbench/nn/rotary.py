@@ -21,9 +21,10 @@ from collections.abc import Callable
 
 import torch
 
+from ._triton_support import require_const, runs_here
+from ._triton_support import why_not_here as triton_usable
 from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from .rotary_kernels import (
-    _HAVE_TRITON,
     LAYOUTS,
     STYLES,
     SUPPORTED_DTYPES,
@@ -31,14 +32,11 @@ from .rotary_kernels import (
     _bhsd_shape,
     _check,
     _forward,
-    _interpreter,
     _offsets_for_kernel,
     _RotaryFunction,
     _table_2d,
     _table_for_kernel,
-    _triton_blocker_const,
     rotary_config,
-    triton_usable,
 )
 
 __all__ = ["IMPLS", "LAYOUTS", "STYLES", "SUPPORTED_DTYPES", "RotaryConfig", "apply_rotary", "apply_rotary_",
@@ -122,11 +120,11 @@ def apply_rotary(
     if impl == "torch":
         return rotary_ref(q, k, cos, sin, style=style, layout=layout, position_offset=position_offset)
     if torch.compiler.is_compiling():
-        _triton_blocker_const(q.is_cuda, "apply_rotary(impl='triton')")
+        require_const(q.is_cuda, "apply_rotary(impl='triton')")
         offsets, offset = _offsets_for_kernel(position_offset, q.device)
         return torch.ops.kernelbench.rotary(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
                                             style == "interleaved", layout == "bshd", False)
-    if not ((q.is_cuda and _HAVE_TRITON) or _interpreter()):
+    if not runs_here(q):
         raise ValueError(f"apply_rotary(impl='triton'): {triton_usable(q)}; use impl='torch' or impl='auto'")
     offsets, offset = _offsets_for_kernel(position_offset, q.device)
     cos, sin = _table_for_kernel(cos), _table_for_kernel(sin)
@@ -153,7 +151,7 @@ def apply_rotary_(
     """
     cos, sin = _check(q, k, cos, sin, style, layout, position_offset)  # traced too, as in apply_rotary
     if torch.compiler.is_compiling():
-        _triton_blocker_const(q.is_cuda, "apply_rotary_")
+        require_const(q.is_cuda, "apply_rotary_")
     else:
         why_not = triton_usable(q)
         if why_not is not None:

@@ -29,7 +29,6 @@ The public functions (``apply_rotary``, ``apply_rotary_``) and the PyTorch refer
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import astuple, dataclass
 
 import torch
@@ -340,19 +339,6 @@ def _rotary_op_backward(ctx, dq_out, dk_out):
 _rotary_op.register_autograd(_rotary_op_backward, setup_context=_rotary_op_setup_context)
 
 
-@torch.compiler.assume_constant_result
-def _triton_blocker_const(is_cuda: bool, caller: str) -> bool:
-    """For a traced call, at trace time: raise when the Triton kernel cannot run here."""
-    why_not = None
-    if not getattr(triton, "available", True):
-        why_not = "triton not installed"
-    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    if why_not:
-        raise ValueError(f"{caller}: {why_not}; use impl='torch' or impl='auto'")
-    return True
-
-
 # ------------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------------
@@ -414,24 +400,6 @@ def _check(q, k, cos, sin, style, layout, position_offset) -> tuple[torch.Tensor
             f"(offset {hi} + sequence length {seq})"
         )
     return cos, sin
-
-
-def triton_usable(q: torch.Tensor) -> str | None:
-    """Why the Triton path cannot take ``q`` here, or None when it can."""
-    if not getattr(triton, "available", True):
-        return "triton not installed"
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    return None
-
-
-_HAVE_TRITON = getattr(triton, "available", True)
-
-
-@functools.lru_cache(maxsize=1)
-def _interpreter() -> bool:
-    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
-    return _HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _table_for_kernel(t: torch.Tensor) -> torch.Tensor:

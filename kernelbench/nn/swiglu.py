@@ -11,18 +11,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._triton_support import require_const, runs_here, runs_here_const
+from ._triton_support import why_not_here as triton_usable
 from .swiglu_kernels import (
-    HAVE_TRITON,
     SUPPORTED_DTYPES,
     SiluMulConfig,
     _SiluMulFunction,
-    _triton_blocker_const,
-    _triton_usable_const,
     check_inputs,
     default_config,
-    interpreter,
     silu_mul_fwd,
-    triton_usable,
 )
 
 __all__ = ["IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul", "silu_mul_ref_fp32",
@@ -55,17 +52,14 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
     check_inputs(gate, up)
     if impl == "auto":
-        if compiling:
-            usable = _triton_usable_const(gate.is_cuda)
-        else:
-            usable = (gate.is_cuda and HAVE_TRITON) or interpreter()
+        usable = runs_here_const(gate.is_cuda) if compiling else runs_here(gate)
         impl = "triton" if usable else "torch"
     if impl == "torch":
         return F.silu(gate) * up
     if compiling:
-        _triton_blocker_const(gate.is_cuda)
+        require_const(gate.is_cuda, "silu_mul(impl='triton')")
         return torch.ops.kernelbench.silu_mul_fwd(gate, up)
-    if not ((gate.is_cuda and HAVE_TRITON) or interpreter()):
+    if not runs_here(gate):
         raise ValueError(f"silu_mul(impl='triton'): {triton_usable(gate)}; use impl='torch' or impl='auto'")
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return _SiluMulFunction.apply(gate, up)

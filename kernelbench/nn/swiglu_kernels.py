@@ -22,7 +22,6 @@ Each program moves ``SiluMulConfig.block`` elements; launches go through
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +34,6 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher
 
-HAVE_TRITON = getattr(triton, "available", True)
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _DTYPE_NAMES = "float32, bfloat16, float16, float64"
@@ -238,24 +236,6 @@ def _op_backward(ctx, dy):
 _silu_mul_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
-@torch.compiler.assume_constant_result
-def _triton_usable_const(is_cuda: bool) -> bool:
-    """For a traced call, at trace time: whether the Triton kernels can run on this device."""
-    return HAVE_TRITON and (is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
-
-
-@torch.compiler.assume_constant_result
-def _triton_blocker_const(is_cuda: bool) -> bool:
-    """For a traced call with impl="triton", at trace time: raise when the kernels cannot run here."""
-    if not HAVE_TRITON:
-        why_not = "triton not installed"
-    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        why_not = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    else:
-        return True
-    raise ValueError(f"silu_mul(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
-
-
 # ------------------------------------------------------------------------------------------------
 # Input checks
 # ------------------------------------------------------------------------------------------------
@@ -273,18 +253,3 @@ def check_inputs(gate: torch.Tensor, up: torch.Tensor) -> None:
                          "both must have the same shape (no broadcasting)")
     if up.device != gate.device:
         raise ValueError(f"silu_mul: up is on {up.device}, gate on {gate.device}; both must be on one device")
-
-
-def triton_usable(t: torch.Tensor) -> str | None:
-    """Why the Triton path cannot take ``t`` here, or None when it can."""
-    if not HAVE_TRITON:
-        return "triton not installed"
-    if not t.is_cuda and not interpreter():
-        return "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def interpreter() -> bool:
-    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
-    return HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"

@@ -1,0 +1,59 @@
+"""Where the Triton kernels of kernelbench.nn can run: one answer for eager calls and one for
+traced calls (torch.compile), shared by every layer.
+
+Traced calls ask through ``torch.compiler.assume_constant_result`` functions: Dynamo runs them once
+at trace time and bakes their answer into the graph, so no environment lookup is traced.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+except ImportError:  # PyTorch-only install: every layer's impl="auto" resolves to "torch"
+    from ._no_triton import triton
+
+HAVE_TRITON = bool(getattr(triton, "available", True))
+NEEDS_CUDA = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter() -> bool:
+    """TRITON_INTERPRET as the kernels were defined (read once: environ lookups cost host time)."""
+    return HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_here(t: torch.Tensor) -> bool:
+    """Whether the kernels can take ``t`` (eager calls: the cheap test of every call)."""
+    return (t.is_cuda and HAVE_TRITON) or interpreter()
+
+
+def why_not_here(t: torch.Tensor) -> str | None:
+    """Why the kernels cannot take ``t`` here, or None when they can."""
+    if not HAVE_TRITON:
+        return "triton not installed"
+    if not t.is_cuda and not interpreter():
+        return NEEDS_CUDA
+    return None
+
+
+@torch.compiler.assume_constant_result
+def runs_here_const(is_cuda: bool) -> bool:
+    """For a traced call, at trace time: whether the kernels can run on this device."""
+    return HAVE_TRITON and (is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@torch.compiler.assume_constant_result
+def require_const(is_cuda: bool, caller: str) -> bool:
+    """For a traced call with impl="triton", at trace time: raise when the kernels cannot run here."""
+    if not HAVE_TRITON:
+        why = "triton not installed"
+    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        why = NEEDS_CUDA
+    else:
+        return True
+    raise ValueError(f"{caller}: {why}; use impl='torch' or impl='auto'")
