@@ -74,6 +74,21 @@ def _raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
 
+class PlanCache(dict):
+    """Launch plans (launchers, grids, buffers) by key, at most ``limit`` of them: where shapes
+    change every step (sequence lengths) the oldest plan is dropped instead of growing without end."""
+
+    def __init__(self, limit: int = 256) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def remember(self, key: Any, plan: Any) -> Any:
+        while len(self) >= self.limit:
+            del self[next(iter(self))]
+        self[key] = plan
+        return plan
+
+
 class CachedLauncher:
     """Launches ``kernel`` on ``grid`` with the compile-time arguments and options in ``meta``
     (``BLOCK=...``, ``num_warps=...``): ``launcher(*runtime_args)``. Runtime arguments are passed

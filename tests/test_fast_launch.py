@@ -132,3 +132,11 @@ def test_launch_hooks_or_an_unloaded_kernel_take_triton_runner(compiled_mode, mo
     launch(x, 5, 1.0)
     launch(x, 5, 1.0)
     assert [entry[0] for entry in unloaded.log] == ["triton", "runner"]
+
+
+def test_plan_cache_keeps_the_newest_plans_up_to_its_limit():
+    plans = fast_launch.PlanCache(limit=3)
+    for key in "abcd":
+        assert plans.remember(key, key.upper()) == key.upper()
+    assert list(plans) == ["b", "c", "d"]
+    assert plans.get("d") == "D" and "a" not in plans

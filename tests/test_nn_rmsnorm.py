@@ -285,7 +285,7 @@ def test_wide_backward_default_switch(monkeypatch):
     """Rows in (8192, 16384] take the wide kernel by default through the public autograd path."""
     from kernelbench.nn import rmsnorm_kernels as mod
 
-    monkeypatch.setattr(mod, "_bwd_plans", {})  # plans made by other tests
+    monkeypatch.setattr(mod, "_bwd_plans", mod.PlanCache())  # plans made by other tests
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
     w = (1 + 0.1 * torch.randn(9000, generator=gen)).to(torch.bfloat16).requires_grad_(True)

@@ -40,7 +40,7 @@ try:
 except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
     from ._no_triton import tl, triton
 
-from ..fast_launch import CachedLauncher
+from ..fast_launch import CachedLauncher, PlanCache
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -231,17 +231,14 @@ def _as_targets(targets: torch.Tensor) -> torch.Tensor:
 
 
 # Launchers by (rows, V, dtype, device, config...): a shape seen before costs no configuration
-# work. Bounded: shapes that change every step drop the oldest.
-_MAX_PLANS = 256
-_plans: dict[tuple, CachedLauncher] = {}
+# work.
+_plans: PlanCache = PlanCache()
 
 
 def _launcher(key: tuple, make) -> CachedLauncher:
     launch = _plans.get(key)
     if launch is None:
-        if len(_plans) >= _MAX_PLANS:
-            del _plans[next(iter(_plans))]
-        launch = _plans[key] = make()
+        launch = _plans.remember(key, make())
     return launch
 
 

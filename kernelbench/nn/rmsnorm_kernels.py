@@ -50,7 +50,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
     from ._no_triton import tl, triton
 
 from .._device import sm_count
-from ..fast_launch import CachedLauncher
+from ..fast_launch import CachedLauncher, PlanCache
 from ._triton_support import why_not_here
 
 MAX_N = 65536
@@ -456,18 +456,10 @@ def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # Launch plans (launchers, grids, buffer shapes) by (shape, dtype, device, config): a call with a
-# shape seen before does no configuration work. Bounded: shapes that change every step
-# (sequence lengths) drop the oldest plan. config None stands for the default (no lookup per call).
-_MAX_PLANS = 256
-_fwd_plans: dict[tuple, CachedLauncher] = {}
-_bwd_plans: dict[tuple, _BwdPlan] = {}
-
-
-def _remember(plans: dict, key: tuple, plan):
-    if len(plans) >= _MAX_PLANS:
-        del plans[next(iter(plans))]
-    plans[key] = plan
-    return plan
+# shape seen before does no configuration work. config None stands for the default (no lookup
+# per call).
+_fwd_plans: PlanCache = PlanCache()
+_bwd_plans: PlanCache = PlanCache()
 
 
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = None, rstd=None):
@@ -483,7 +475,7 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
     key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None, config)
     launch = _fwd_plans.get(key)
     if launch is None:
-        launch = _remember(_fwd_plans, key, _fwd_launcher(m, n, x2d.dtype, key[4], key[5], config or fwd_config(n)))
+        launch = _fwd_plans.remember(key, _fwd_launcher(m, n, x2d.dtype, key[4], key[5], config or fwd_config(n)))
     launch(
         x2d, x2d.stride(0),
         residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
@@ -534,7 +526,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
         m, n,
     ]
     if plan is None:
-        plan = _remember(_bwd_plans, key, _bwd_plan(args, has_weight, dres2d is not None, config or bwd_config(n)))
+        plan = _bwd_plans.remember(key, _bwd_plan(args, has_weight, dres2d is not None, config or bwd_config(n)))
     if not has_weight:
         plan.main(*args)
         return dx, None
@@ -628,17 +620,14 @@ def _resident_per_sm(kernel, args: list, meta: dict, like: torch.Tensor) -> int:
 
 
 # rstd written by forwards nobody differentiates: one buffer per (rows, dtype, device), never read.
-_MAX_SCRATCH = 16
-_rstd_scratch: dict[tuple, torch.Tensor] = {}
+_rstd_scratch: PlanCache = PlanCache(limit=16)
 
 
 def _scratch_rstd(m: int, x2d: torch.Tensor) -> torch.Tensor:
     key = (m, x2d.dtype, x2d.device)
     buf = _rstd_scratch.get(key)
     if buf is None:
-        buf = _remember(_rstd_scratch, key, torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device))
-        while len(_rstd_scratch) > _MAX_SCRATCH:
-            del _rstd_scratch[next(iter(_rstd_scratch))]
+        buf = _rstd_scratch.remember(key, torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device))
     return buf
 
 

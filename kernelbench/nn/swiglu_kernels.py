@@ -32,7 +32,7 @@ try:
 except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
     from ._no_triton import tl, triton
 
-from ..fast_launch import CachedLauncher
+from ..fast_launch import CachedLauncher, PlanCache
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -139,22 +139,18 @@ def _tl_acc(dtype: torch.dtype):
 
 
 # Launchers by (numel, dtype, device, config): a repeated shape does no configuration work.
-# Bounded: shapes that change every step (sequence lengths) drop the oldest.
-_MAX_PLANS = 256
-_fwd_plans: dict[tuple, CachedLauncher] = {}
-_bwd_plans: dict[tuple, CachedLauncher] = {}
+_fwd_plans: PlanCache = PlanCache()
+_bwd_plans: PlanCache = PlanCache()
 
 
-def _launcher(plans: dict, kernel, numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> CachedLauncher:
+def _launcher(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> CachedLauncher:
     key = (numel, like.dtype, like.get_device(), config)
     launch = plans.get(key)
     if launch is None:
         cfg = config or default_config(like.element_size())
         launch = CachedLauncher(kernel, (triton.cdiv(numel, cfg.block),), BLOCK=cfg.block,
                                 EVEN=numel % cfg.block == 0, ACC=_tl_acc(like.dtype), num_warps=cfg.num_warps)
-        if len(plans) >= _MAX_PLANS:
-            del plans[next(iter(plans))]
-        plans[key] = launch
+        plans.remember(key, launch)
     return launch
 
 
