@@ -18,6 +18,12 @@ cached kernel is only reused where Triton would have picked the same one.
 
 In the Triton interpreter, or when a Triton version returns no compiled kernel, every launch
 takes the ordinary path.
+
+``CachedLauncher.direct`` goes one step further for launch-bound callers that know their
+arguments: it returns a ``DirectLaunch`` bound to one specialization, called with every pointer as
+an int (``tensor.data_ptr()``). Triton's launcher then neither calls ``data_ptr`` on each tensor
+nor asks the driver about each pointer, and nothing is keyed per call; the caller guarantees that
+the arguments specialize as the first ones did (same dtypes, 16-byte alignment, int classes).
 """
 
 from __future__ import annotations
@@ -89,6 +95,27 @@ class PlanCache(dict):
         return plan
 
 
+class DirectLaunch:
+    """One compiled specialization of a kernel on a fixed grid: ``launch(device, *args)`` with
+    the runtime arguments in order, pointers as ints. Returns False without launching while a
+    profiler's launch hooks are set (they need the tensors): the caller then launches through its
+    ``CachedLauncher``."""
+
+    __slots__ = ("_run", "_grid", "_function", "_metadata", "_tail")
+
+    def __init__(self, run: Any, grid3: tuple, function: Any, metadata: Any, constexpr_tail: list) -> None:
+        self._run, self._grid, self._function, self._metadata = run, grid3, function, metadata
+        self._tail = tuple(constexpr_tail)
+
+    def __call__(self, device: int, *args: Any) -> bool:
+        if not _no_launch_hooks():
+            return False
+        g = self._grid
+        self._run(g[0], g[1], g[2], _raw_stream(device), self._function, self._metadata, None, None, None,
+                  *args, *self._tail)
+        return True
+
+
 class CachedLauncher:
     """Launches ``kernel`` on ``grid`` with the compile-time arguments and options in ``meta``
     (``BLOCK=...``, ``num_warps=...``): ``launcher(*runtime_args)``. Runtime arguments are passed
@@ -143,6 +170,19 @@ class CachedLauncher:
         if loaded and _read_launch_knobs() is not None:
             direct = (compiled.run, compiled.function, compiled.packed_metadata)
         self._runners[key] = (runner, direct)
+
+    def direct(self, *args: Any) -> DirectLaunch | None:
+        """Launch ``args`` and return a ``DirectLaunch`` of the kernel compiled for them, or None
+        where there is none to call directly (the interpreter, an older Triton, constexprs
+        between runtime parameters); the caller then keeps calling this launcher."""
+        self(*args)
+        if self._constexpr_tail is None or not self._cacheable or torch.compiler.is_compiling():
+            return None
+        entry = self._runners.get((torch.cuda.current_device(), *map(_arg_key, args)))
+        if entry is None or entry[1] is None:
+            return None
+        run, function, packed_metadata = entry[1]
+        return DirectLaunch(run, self._grid3, function, packed_metadata, self._constexpr_tail)
 
     def _with_constexprs(self, args: tuple) -> list:
         if self._constexpr_tail is not None:

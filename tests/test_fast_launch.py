@@ -140,3 +140,33 @@ def test_plan_cache_keeps_the_newest_plans_up_to_its_limit():
         assert plans.remember(key, key.upper()) == key.upper()
     assert list(plans) == ["b", "c", "d"]
     assert plans.get("d") == "D" and "a" not in plans
+
+
+def test_direct_launch_takes_pointers_as_ints_and_the_constexprs_in_place(compiled_mode, monkeypatch):
+    kernel = FakeKernel()
+    kernel.params.append(kernel.params.pop(2))  # (ptr, n, scale, FLAG, BLOCK): constexprs last
+    launch = CachedLauncher(kernel, (5,), BLOCK=16, FLAG=True)
+    x = torch.zeros(16)
+    direct = launch.direct(x, 7, 0.5)  # launches through Triton first
+    assert kernel.log[0][0] == "triton" and len(kernel.log) == 1
+    assert direct(0, 123456, 7, 0.25) is True
+    assert kernel.log[-1] == ("direct", (5, 1, 1), (123456, 7, 0.25, True, 16))
+    # A profiler's hooks need the tensors: nothing is launched, the caller falls back.
+    monkeypatch.setattr(fast_launch, "_launch_knobs", SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None))
+    assert direct(0, 123456, 7, 0.25) is False
+    assert len(kernel.log) == 2
+
+
+def test_no_direct_launch_where_none_can_be_bound(compiled_mode, monkeypatch):
+    x = torch.zeros(8)
+    unloaded = FakeKernel(loaded=False)
+    unloaded.params.append(unloaded.params.pop(2))
+    assert CachedLauncher(unloaded, (1,), BLOCK=8, FLAG=False).direct(x, 3, 1.0) is None
+    assert unloaded.log[0][0] == "triton"  # launched all the same
+    inside = FakeKernel()  # BLOCK sits between runtime parameters
+    assert CachedLauncher(inside, (1,), BLOCK=8, FLAG=False).direct(x, 3, 1.0) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpreted = FakeKernel()
+    interpreted.params.append(interpreted.params.pop(2))
+    assert CachedLauncher(interpreted, (1,), BLOCK=8, FLAG=False).direct(x, 3, 1.0) is None
+    assert [entry[0] for entry in interpreted.log] == ["triton"]

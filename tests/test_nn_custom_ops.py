@@ -184,3 +184,26 @@ def test_compiled_strided_inputs_match_eager():
         x.grad = None
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_tracing_under_inductor_registers_the_fallback_inductor_would_create():
+    """Once Inductor's lowering is loaded, tracing one of our ops registers every functional
+    kernelbench op's fallback with the layout constraint of its tags, so Inductor never builds
+    its implicit-fallback log text (minutes on a bf16 Llama graph before torch 2.13)."""
+    import torch._inductor.lowering as lowering
+    from torch._library.utils import get_layout_constraint_tag
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernelbench.nn import _inductor_fallbacks, crossentropy_kernels, swiglu_kernels  # noqa: F401
+
+    with FakeTensorMode():
+        x = torch.empty(4, HIDDEN)
+        torch.ops.kernelbench.rms_norm_fwd(x, torch.empty(HIDDEN), None, 1e-6)
+    names = {op.name() for op in _inductor_fallbacks._ops}
+    assert {"kernelbench::rms_norm_fwd", "kernelbench::rms_norm_bwd", "kernelbench::rotary",
+            "kernelbench::silu_mul_fwd", "kernelbench::silu_mul_bwd", "kernelbench::cross_entropy_fwd",
+            "kernelbench::cross_entropy_bwd"} <= names
+    for op in _inductor_fallbacks._ops:
+        assert op in lowering.lowerings, op
+        expected = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+        assert lowering._maybe_layout_constraints.get(op) is expected, op

@@ -41,6 +41,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
     from ._no_triton import tl, triton
 
 from ..fast_launch import CachedLauncher, PlanCache
+from . import _inductor_fallbacks
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -330,6 +331,7 @@ def _cross_entropy_fwd_op(
 
 @_cross_entropy_fwd_op.register_fake
 def _(logits, targets, ignore_index, reduction):
+    _inductor_fallbacks.ensure_registered()
     # Tracing runs this on every call: bad input fails here with the eager error's text.
     _check_inputs(logits, targets, ignore_index, reduction)
     acc = _acc_dtype(logits.dtype)
@@ -401,3 +403,10 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
         raise ValueError(f"cross_entropy: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if type(ignore_index) is not int:
         raise TypeError(f"cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+# Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
+_inductor_fallbacks.declare(
+    torch.ops.kernelbench.cross_entropy_fwd.default,
+    torch.ops.kernelbench.cross_entropy_bwd.default,
+)

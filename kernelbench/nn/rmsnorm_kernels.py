@@ -51,6 +51,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 
 from .._device import sm_count
 from ..fast_launch import CachedLauncher, PlanCache
+from . import _inductor_fallbacks
 from ._triton_support import why_not_here
 
 MAX_N = 65536
@@ -455,11 +456,32 @@ def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 or rows.shape[0] == 0 else rows.contiguous()
 
 
-# Launch plans (launchers, grids, buffer shapes) by (shape, dtype, device, config): a call with a
-# shape seen before does no configuration work. config None stands for the default (no lookup
-# per call).
+# Launch plans (launchers, grids, buffer shapes) by (shape, strides, dtypes, device, config): a
+# call with a shape seen before does no configuration work. config None stands for the default
+# (no lookup per call).
 _fwd_plans: PlanCache = PlanCache()
 _bwd_plans: PlanCache = PlanCache()
+
+
+class _Launch:
+    """A plan's launcher and, after its first call with every pointer 16-byte aligned, the
+    ``DirectLaunch`` of that specialization (False where there is none). The plan key fixes every
+    dtype and int the kernel specializes on, so aligned calls of one plan all specialize alike:
+    they pass pointers as ints and skip the per-argument keying (host time of small calls)."""
+
+    __slots__ = ("cached", "direct")
+
+    def __init__(self, cached: CachedLauncher) -> None:
+        self.cached = cached
+        self.direct = None
+
+    def first_or_fallback(self, aligned: bool, args) -> None:
+        """Launch ``args`` (tensors) through the CachedLauncher; the first aligned call also
+        binds the DirectLaunch."""
+        if aligned and self.direct is None:
+            self.direct = self.cached.direct(*args) or False
+        else:
+            self.cached(*args)
 
 
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = None, rstd=None):
@@ -472,18 +494,32 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
         rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
-    key = (m, n, x2d.dtype, x2d.get_device(), residual2d is not None, weight is not None, config)
-    launch = _fwd_plans.get(key)
-    if launch is None:
-        launch = _fwd_plans.remember(key, _fwd_launcher(m, n, x2d.dtype, key[4], key[5], config or fwd_config(n)))
-    launch(
-        x2d, x2d.stride(0),
-        residual2d if residual2d is not None else x2d, residual2d.stride(0) if residual2d is not None else 0,
+    device = x2d.get_device()
+    x_stride, y_stride = x2d.stride(0), y.stride(0)
+    res_stride = residual2d.stride(0) if residual2d is not None else 0
+    key = (m, n, x2d.dtype, device, x_stride, y_stride, residual2d is not None, res_stride,
+           weight.dtype if weight is not None else None, config)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans.remember(key, _Launch(_fwd_launcher(
+            m, n, x2d.dtype, residual2d is not None, weight is not None, config or fwd_config(n))))
+    xp, yp, sp = x2d.data_ptr(), y.data_ptr(), rstd.data_ptr()
+    wp = weight.data_ptr() if weight is not None else xp
+    rp = residual2d.data_ptr() if residual2d is not None else xp
+    hp = h.data_ptr() if h is not None else yp
+    aligned = not (xp | yp | sp | wp | rp | hp) & 15
+    direct = plan.direct
+    if aligned and direct and direct(device, xp, x_stride, rp, res_stride, wp, yp, y_stride, hp,
+                                     h.stride(0) if h is not None else 0, sp, m, n, eps):
+        return y, h, rstd
+    plan.first_or_fallback(aligned, (
+        x2d, x_stride,
+        residual2d if residual2d is not None else x2d, res_stride,
         weight if weight is not None else x2d,
-        y, y.stride(0),
+        y, y_stride,
         h if h is not None else y, h.stride(0) if h is not None else 0,
         rstd, m, n, eps,
-    )
+    ))
     return y, h, rstd
 
 
@@ -499,7 +535,7 @@ def _fwd_launcher(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> C
 
 
 class _BwdPlan(NamedTuple):
-    main: CachedLauncher  # _rmsnorm_bwd_kernel or _rmsnorm_bwd_wide_kernel
+    main: _Launch  # _rmsnorm_bwd_kernel or _rmsnorm_bwd_wide_kernel
     partial_rows: int  # rows of the fp32 dw partial buffer (0: none, no weight or one program)
     dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two passes)
     rows_per_split: int  # rows each dw_columns program sums
@@ -513,34 +549,46 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     has_weight = weight is not None
     if m == 0:
         return dx, (torch.zeros_like(weight) if has_weight else None)
-    key = (m, n, x2d.dtype, x2d.get_device(), has_weight, dres2d is not None, config)
+    device = x2d.get_device()
+    x_stride, dy_stride, dx_stride = x2d.stride(0), dy2d.stride(0), dx.stride(0)
+    dres_stride = dres2d.stride(0) if dres2d is not None else 0
+    key = (m, n, x2d.dtype, device, weight.dtype if has_weight else None, dy2d.dtype,
+           dres2d.dtype if dres2d is not None else None, x_stride, dy_stride, dres_stride, dx_stride, config)
     plan = _bwd_plans.get(key)
     args = [
-        x2d, x2d.stride(0),
+        x2d, x_stride,
         weight if has_weight else x2d,
-        dy2d, dy2d.stride(0),
-        dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
+        dy2d, dy_stride,
+        dres2d if dres2d is not None else dy2d, dres_stride,
         rstd,
-        dx, dx.stride(0),
+        dx, dx_stride,
         rstd,  # the dw partials where the main kernel writes them, set below
         m, n,
     ]
     if plan is None:
         plan = _bwd_plans.remember(key, _bwd_plan(args, has_weight, dres2d is not None, config or bwd_config(n)))
-    if not has_weight:
-        plan.main(*args)
-        return dx, None
-    if plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
-        dw = torch.empty_like(weight)
-        args[10] = dw
-        plan.main(*args)
+    if has_weight and plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
+        dw = out = torch.empty_like(weight)
+    elif has_weight:
+        dw, out = None, torch.empty((plan.partial_rows, n), dtype=rstd.dtype, device=x2d.device)
+    else:
+        dw = out = None
+    if plan.dw_columns is None and out is not None:
+        args[10] = out
+    xp, dyp, sp, dxp = x2d.data_ptr(), dy2d.data_ptr(), rstd.data_ptr(), dx.data_ptr()
+    wp = weight.data_ptr() if has_weight else xp
+    dresp = dres2d.data_ptr() if dres2d is not None else dyp
+    outp = args[10].data_ptr()
+    aligned = not (xp | dyp | sp | dxp | wp | dresp | outp) & 15
+    direct = plan.main.direct
+    if not (aligned and direct and direct(device, xp, x_stride, wp, dyp, dy_stride, dresp, dres_stride, sp,
+                                          dxp, dx_stride, outp, m, n)):
+        plan.main.first_or_fallback(aligned, args)
+    if plan.sum_rows is None:
         return dx, dw
-    partial = torch.empty((plan.partial_rows, n), dtype=rstd.dtype, device=x2d.device)
-    if plan.dw_columns is None:
-        args[10] = partial
-    plan.main(*args)
+    partial = out
     if plan.dw_columns is not None:
-        plan.dw_columns(x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, partial, m, n, plan.rows_per_split)
+        plan.dw_columns(x2d, x_stride, dy2d, dy_stride, rstd, partial, m, n, plan.rows_per_split)
     dw = torch.empty_like(weight)
     plan.sum_rows(partial, dw, plan.partial_rows, n)
     return dx, dw
@@ -569,7 +617,7 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
     row_programs = min(triton.cdiv(m, config.block_m), max(1, programs_per_sm * sms))
     if config.kernel == "rows" and not config.programs_per_sm and m * n <= _ONE_PROGRAM_BWD_MAX_ELEMENTS:
         row_programs = 1
-    main = CachedLauncher(kernel, (row_programs,), **meta)
+    main = _Launch(CachedLauncher(kernel, (row_programs,), **meta))
     if not has_weight:
         return _BwdPlan(main, 0, None, 0, None)
     if config.kernel == "rows" and row_programs == 1:  # the one program's share is dw: written directly
@@ -682,6 +730,7 @@ def _rms_norm_fwd_op(
 
 @_rms_norm_fwd_op.register_fake
 def _(x, weight, residual, eps):
+    _inductor_fallbacks.ensure_registered()
     # Tracing runs this on every call: bad input fails here with the eager error's text.
     _check_inputs(x, weight, residual)
     if x.shape[-1] > MAX_N:
@@ -770,3 +819,10 @@ def triton_usable(x: torch.Tensor) -> str | None:
     if why is None and x.shape[-1] > MAX_N:
         why = f"last dimension {x.shape[-1]} > {MAX_N}, the widest row the Triton kernels take"
     return why
+
+
+# Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
+_inductor_fallbacks.declare(
+    torch.ops.kernelbench.rms_norm_fwd.default,
+    torch.ops.kernelbench.rms_norm_bwd.default,
+)

@@ -40,6 +40,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
     from ._no_triton import tl, triton
 
 from ..fast_launch import CachedLauncher
+from . import _inductor_fallbacks
 
 STYLES = ("half", "interleaved")
 LAYOUTS = ("bhsd", "bshd")
@@ -317,6 +318,7 @@ def _rotary_op(
 
 @_rotary_op.register_fake
 def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd, backward):
+    _inductor_fallbacks.ensure_registered()
     # Tracing runs this on every call: bad input fails here with the eager error's text (a
     # per-batch offsets tensor is checked for its shape; its values are unknown while tracing).
     _check(q, k, cos, sin, "interleaved" if interleaved else "half", "bshd" if bshd else "bhsd",
@@ -427,3 +429,9 @@ def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd) -> None:
     _check(q, k, cos, sin, "interleaved" if interleaved else "half", "bshd" if bshd else "bhsd",
            offsets if offsets is not None else position_offset)
     return None
+
+
+# Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
+_inductor_fallbacks.declare(
+    torch.ops.kernelbench.rotary.default,
+)

@@ -33,6 +33,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
     from ._no_triton import tl, triton
 
 from ..fast_launch import CachedLauncher, PlanCache
+from . import _inductor_fallbacks
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -204,6 +205,7 @@ def _silu_mul_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @_silu_mul_fwd_op.register_fake
 def _(gate, up):
+    _inductor_fallbacks.ensure_registered()
     # Tracing runs this on every call: bad input fails here with the eager error's text.
     check_inputs(gate, up)
     return gate.new_empty(gate.shape)
@@ -249,3 +251,10 @@ def check_inputs(gate: torch.Tensor, up: torch.Tensor) -> None:
                          "both must have the same shape (no broadcasting)")
     if up.device != gate.device:
         raise ValueError(f"silu_mul: up is on {up.device}, gate on {gate.device}; both must be on one device")
+
+
+# Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
+_inductor_fallbacks.declare(
+    torch.ops.kernelbench.silu_mul_fwd.default,
+    torch.ops.kernelbench.silu_mul_bwd.default,
+)

@@ -76,7 +76,10 @@ def main() -> None:
 
     y0, h0, saved = K._forward(xd, wd, None, 1e-6)
     rstd = saved[2]
-    fwd_launch = next(iter(K._fwd_plans.values()))
+    K._forward(xd, wd, None, 1e-6)  # a second call: the plan's direct launch is bound
+    fwd_plan = next(iter(K._fwd_plans.values()))
+    fwd_launch = fwd_plan.cached
+    K._rmsnorm_bwd(xd, wd, rstd, dy, None)
     K._rmsnorm_bwd(xd, wd, rstd, dy, None)
     bwd_plan = next(iter(K._bwd_plans.values()))
     dw = torch.empty_like(wd)
@@ -88,6 +91,9 @@ def main() -> None:
     fwd_args = (xd, 4096, xd, 0, wd, y_buf, 4096, y_buf, 0, rstd, 8, 4096, 1e-6)
     runner, direct = next(iter(fwd_launch._runners.values()))
     full_fwd_args = fwd_launch._with_constexprs(fwd_args)
+    as_ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in fwd_args]
+    bwd_as_ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in bwd_args]
+    full_fwd_ints = fwd_launch._with_constexprs(as_ints)
 
     class _OursFwdNullBwd(torch.autograd.Function):
         """Our forward with the cheapest backward: what our backward costs, by difference."""
@@ -121,11 +127,15 @@ def main() -> None:
         "_rmsnorm_bwd": lambda: K._rmsnorm_bwd(xd, wd, rstd, dy, None),
         "fwd CachedLauncher call": lambda: fwd_launch(*fwd_args),
         "fwd Triton runner": lambda: runner(*full_fwd_args),
+        "fwd Triton runner, pointers as ints": lambda: runner(*full_fwd_ints),
+        "fwd DirectLaunch": lambda: fwd_plan.direct(0, *as_ints),
         "ours fwd + null bwd": fwd_bwd(lambda: _OursFwdNullBwd.apply(x, w, None, 1e-6)),
         "Function.backward called directly": lambda: K._RMSNormFunction.backward(fake_ctx, dy),
-        "bwd main launch": lambda: bwd_plan.main(*bwd_args),
+        "bwd main launch (CachedLauncher)": lambda: bwd_plan.main.cached(*bwd_args),
+        "bwd DirectLaunch": lambda: bwd_plan.main.direct(0, *bwd_as_ints),
         "torch.empty_like": lambda: torch.empty_like(xd),
         "torch.empty (8,) fp32": lambda: torch.empty(8, dtype=torch.float32, device=dev),
+        "x.new_empty((8,), dtype=fp32)": lambda: xd.new_empty((8,), dtype=torch.float32),
         "current_device": torch.cuda.current_device,
         "x.reshape(-1, n)": lambda: xd.reshape(-1, 4096),
         "w.contiguous()": lambda: wd.contiguous(),

@@ -155,3 +155,45 @@ def test_rmsnorm_wide_backward_on_gpu(shape, cfg):
     xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
     rmsnorm_ref_fp32(xf, wf, 1e-6).backward(dy.float())
     assert rel_fro(dx, xf.grad) < 5e-3 and rel_fro(dw, wf.grad) < 5e-3
+
+
+@pytest.mark.parametrize("shape, residual", [((8, 4096), False), ((8, 4096), True), ((3, 5, 760), True),
+                                             ((4096, 4096), False)])
+def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
+    """A plan's first call goes through Triton and binds its direct launch (pointers as ints);
+    later calls, on other tensors of the same shape, take that launch and must give bitwise the
+    same outputs and gradients as the first path. A pointer off a 16-byte boundary takes the
+    general path and is still right."""
+    from kernelbench.nn import rmsnorm_kernels as K
+
+    K._fwd_plans.clear()
+    K._bwd_plans.clear()
+
+    def run(x, w, r, dys):
+        # detach, not clone: a clone would be aligned again
+        x, w = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+        r = r.detach().requires_grad_(True) if r is not None else None
+        out = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.backward(outs, dys[:len(outs)])
+        return [t.detach().clone() for t in (*outs, x.grad, w.grad, *((r.grad,) if r is not None else ()))]
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(shape, generator=gen, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device="cuda")).bfloat16()
+    r = torch.randn(shape, generator=gen, device="cuda").bfloat16() if residual else None
+    dys = [torch.randn(shape, generator=gen, device="cuda").bfloat16() for _ in range(2)]
+    first = run(x, w, r, dys)
+    assert all(plan.direct for plan in K._fwd_plans.values())
+    assert all(plan.main.direct for plan in K._bwd_plans.values())
+    for _ in range(3):
+        again = run(x, w, r, dys)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+    # x two elements (4 bytes) past an aligned start: the general path, the same values.
+    flat = torch.empty(x.numel() + 2, device="cuda", dtype=x.dtype)
+    shifted = flat[2:].view(shape)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != 0
+    for a, b in zip(first, run(shifted, w, r, dys)):
+        assert torch.equal(a, b)
