@@ -72,8 +72,11 @@ def _read_launch_knobs() -> Any:
 
 
 def _no_launch_hooks() -> bool:
-    # A profiler's launch hooks need Triton's own runner (it builds their metadata).
-    return _launch_knobs.launch_enter_hook is None and _launch_knobs.launch_exit_hook is None
+    # A profiler's launch hooks need Triton's own runner (it builds their metadata). Newer Tritons
+    # hold the hooks in a HookChain that is never None: an empty chain means no hook.
+    enter, leave = _launch_knobs.launch_enter_hook, _launch_knobs.launch_exit_hook
+    return ((enter is None or not getattr(enter, "calls", True))
+            and (leave is None or not getattr(leave, "calls", True)))
 
 
 def _raw_stream(device: int) -> int:

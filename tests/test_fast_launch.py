@@ -170,3 +170,18 @@ def test_no_direct_launch_where_none_can_be_bound(compiled_mode, monkeypatch):
     interpreted.params.append(interpreted.params.pop(2))
     assert CachedLauncher(interpreted, (1,), BLOCK=8, FLAG=False).direct(x, 3, 1.0) is None
     assert [entry[0] for entry in interpreted.log] == ["triton"]
+
+
+def test_empty_hook_chains_are_no_hooks(compiled_mode, monkeypatch):
+    """Newer Tritons keep launch hooks in a HookChain (a list of calls) that is never None."""
+    kernel = FakeKernel()
+    launch = CachedLauncher(kernel, (2,), BLOCK=8, FLAG=False)
+    x = torch.zeros(8)
+    empty = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[]), launch_exit_hook=SimpleNamespace(calls=[]))
+    monkeypatch.setattr(fast_launch, "_launch_knobs", empty)
+    launch(x, 5, 1.0)
+    launch(x, 5, 1.0)
+    assert kernel.log[-1][0] == "direct"
+    empty.launch_exit_hook.calls.append(print)  # a profiler adds a hook
+    launch(x, 5, 1.0)
+    assert kernel.log[-1][0] == "runner"
