@@ -59,12 +59,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--json")
+    parser.add_argument("--compile-first", action="store_true",
+                        help="run a torch.compile'd fwd+bwd first, as a benchmark run's compiled anchor does")
+    parser.add_argument("--only", help="only the cases whose name contains this text")
     args = parser.parse_args()
     dev = "cuda"
     x = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
     xd, wd = x.detach(), w.detach()
+    if args.compile_first:
+        import threading
+
+        compiled = torch.compile(lambda a, b: (a.float() * b.float()).sum())
+        compiled(x, w).backward()
+        x.grad = w.grad = None
+        torch.cuda.synchronize()
+        print("threads after torch.compile:", [t.name for t in threading.enumerate()])
 
     def clear():
         x.grad = w.grad = None
@@ -161,6 +172,8 @@ def main() -> None:
             cases[f"harness case {cand} {mode} (probe loop)"] = case.run
             op_cases[f"harness case {cand} {mode} (probe loop)"] = case
             cases[f"harness case {cand} {mode} (time_host)"] = (case, None)
+    if args.only:
+        cases = {name: fn for name, fn in cases.items() if args.only in name}
     results = {}
     for _ in range(2):
         for name, fn in cases.items():
