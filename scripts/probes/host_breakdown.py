@@ -119,6 +119,43 @@ def main() -> None:
         def backward(ctx, dy):
             return dy, torch.empty_like(ctx.saved_tensors[1]), None, None
 
+    # What the backward's extra cost depends on: forwards that differ in one thing each, all with
+    # the empty Function's backward (dy for x, an empty tensor for w).
+    def null_backward(ctx, dy):
+        return dy, torch.empty_like(ctx.saved_tensors[1]), None, None
+
+    def variant(name, forward):
+        return type(name, (torch.autograd.Function,), {
+            "forward": staticmethod(forward), "backward": staticmethod(null_backward)})
+
+    def fwd_aten_kernel(ctx, x, w, r, eps):  # a PyTorch kernel launch in the forward
+        ctx.save_for_backward(x, w)
+        return x.clone()
+
+    def fwd_triton_kernel(ctx, x, w, r, eps):  # our forward kernel's direct launch, nothing else
+        ctx.save_for_backward(x, w)
+        y = torch.empty_like(x)
+        ptrs = list(as_ints)
+        ptrs[5] = ptrs[7] = y.data_ptr()
+        fwd_plan.direct(0, *ptrs)
+        return y
+
+    def fwd_three_saved(ctx, x, w, r, eps):  # one more saved tensor (rstd's place)
+        ctx.save_for_backward(x, w, torch.empty(8, dtype=torch.float32, device=x.device))
+        return torch.empty_like(x)
+
+    def fwd_spin(ctx, x, w, r, eps):  # 10 us more on the host, no launch
+        ctx.save_for_backward(x, w)
+        end = time.perf_counter() + 10e-6
+        while time.perf_counter() < end:
+            pass
+        return torch.empty_like(x)
+
+    experiments = {name: variant(name, fn) for name, fn in [
+        ("AtenKernel", fwd_aten_kernel), ("TritonKernel", fwd_triton_kernel),
+        ("ThreeSaved", fwd_three_saved), ("Spin10us", fwd_spin)]}
+    c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, K._RMSNormFunction)
+
     y1, _, saved1 = K._forward(xd, wd, None, 1e-6)
     fake_ctx = SimpleNamespace(saved_tensors=saved1, shape=xd.shape, has_residual=False)
 
@@ -151,7 +188,13 @@ def main() -> None:
         "x.reshape(-1, n)": lambda: xd.reshape(-1, 4096),
         "w.contiguous()": lambda: wd.contiguous(),
         "x.get_device()": lambda: xd.get_device(),
+        "exp: ours fwd+bwd, Function's C apply": fwd_bwd(lambda: c_apply(x, w, None, 1e-6)),
     }
+    for name, fn_cls in experiments.items():
+        cases[f"exp: null bwd, fwd {name} fwd+bwd"] = fwd_bwd(lambda c=fn_cls: c.apply(x, w, None, 1e-6))
+    cases["exp: null Function fwd+bwd"] = cases["null Function fwd+bwd"]
+    cases["exp: ours fwd+bwd"] = cases["ours fwd+bwd"]
+    cases["exp: F.rms_norm fwd+bwd"] = cases["F.rms_norm fwd+bwd"]
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
