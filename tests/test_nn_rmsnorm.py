@@ -337,3 +337,44 @@ def test_launch_bound_backward_is_one_program(m, n, has_weight, has_dres, monkey
         one_program = m * n <= K._ONE_PROGRAM_BWD_MAX_ELEMENTS
         assert (plan.main.cached.grid == (1,)) == one_program
         assert (plan.sum_rows is None) == (one_program or not has_weight)
+
+
+@pytest.mark.parametrize("shape, recomputed", [((8, 512), True), ((3, 5, 760), True), ((64, 1024), False),
+                                               ((2, 9000), False)], ids=["8x512", "3x5x760", "64x1024", "2x9000"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_eager_backward_recomputes_rstd_where_it_runs_as_one_program(shape, recomputed, residual):
+    """Launch-bound eager calls save no rstd (the backward recomputes it from the saved rows);
+    larger ones keep it. Either way the gradients match the fp64 reference."""
+    from kernelbench.nn.rmsnorm_kernels import recomputes_rstd
+
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(shape, generator=gen).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).requires_grad_(True)
+    r = torch.randn(shape, generator=gen).requires_grad_(True) if residual else None
+    assert recomputes_rstd(x.numel() // shape[-1], shape[-1]) == recomputed
+    got, want = run_both(x, w, r)
+    check(got, want, torch.float32, True, residual)
+    out = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+    y = out[0] if residual else out
+    assert (y.grad_fn.saved_tensors[2] is None) == recomputed
+
+
+@pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
+def test_recomputed_rstd_backward_equals_the_saved_one(has_weight, has_dres):
+    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 300, generator=gen)
+    w = torch.randn(300, generator=gen) if has_weight else None
+    dy = torch.randn(6, 300, generator=gen)
+    dres = torch.randn(6, 300, generator=gen) if has_dres else None
+    _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-5)
+    saved = _rmsnorm_bwd(x, w, rstd, dy, dres)
+    recomputed = _rmsnorm_bwd(x, w, None, dy, dres, eps=1e-5)
+    for a, b in zip(saved, recomputed):
+        if a is None:
+            assert b is None
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="only the rows kernel recomputes rstd"):
+        _rmsnorm_bwd(x, w, None, dy, dres, eps=1e-5, config=BwdConfig("wide", 1, 512, 4))

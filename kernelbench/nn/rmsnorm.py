@@ -96,7 +96,7 @@ def rms_norm(
         return _RMSNormFunction.apply(x, weight, residual, float(eps))
     # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host
     # time in launch-bound calls).
-    y, h, _ = _forward(x, weight, residual, float(eps), keep_rstd=False)
+    y, h, _ = _forward(x, weight, residual, float(eps), rstd="scratch")
     return y if h is None else (y, h)
 
 

@@ -252,16 +252,18 @@ def _rmsnorm_bwd_kernel(
     w_ptr,  # weight (N,) (HAS_WEIGHT)
     dy_ptr, dy_stride,  # gradient of y
     dres_ptr, dres_stride,  # gradient of the new residual h (HAS_DRES)
-    rstd_ptr,  # (M,) fp32 from the forward
+    rstd_ptr,  # (M,) fp32 from the forward (unless RECOMPUTE_RSTD)
     dx_ptr, dx_stride,  # gradient of x (and of the residual)
     dw_partial_ptr,  # (num_programs, N) fp32: each program's share of dw (SINGLE_PASS); dw for one program
     M, N,
+    eps,  # read only with RECOMPUTE_RSTD
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # the padded row block (single pass) or the chunk width (two passes)
     SINGLE_PASS: tl.constexpr,  # the row fits in registers: dw is accumulated here too
     HAS_DRES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ACC: tl.constexpr,  # fp32 statistics; fp64 for fp64 inputs (gradcheck)
+    RECOMPUTE_RSTD: tl.constexpr,  # single pass: rstd from the row in registers, as the forward did
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -279,21 +281,27 @@ def _rmsnorm_bwd_kernel(
         next_rows64 = next_rows.to(tl.int64)
         x_next = tl.load(x_ptr + next_rows64[:, None] * x_stride + cols[None, :], mask=next_mask, other=0.0)
         dy_next = tl.load(dy_ptr + next_rows64[:, None] * dy_stride + cols[None, :], mask=next_mask, other=0.0)
-        rstd_next = tl.load(rstd_ptr + next_rows, mask=next_rows < M, other=0.0)
+        if not RECOMPUTE_RSTD:
+            rstd_next = tl.load(rstd_ptr + next_rows, mask=next_rows < M, other=0.0)
         for row_block in range(pid, num_row_blocks, num_programs):
             rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < M
             mask = row_mask[:, None] & col_mask[None, :]
-            x_raw, dy_raw, rstd = x_next, dy_next, rstd_next
+            x_raw, dy_raw = x_next, dy_next
+            if not RECOMPUTE_RSTD:
+                rstd = rstd_next
             next_rows = rows + num_programs * BLOCK_M
             next_mask = (next_rows < M)[:, None] & col_mask[None, :]
             next_rows64 = next_rows.to(tl.int64)
             x_next = tl.load(x_ptr + next_rows64[:, None] * x_stride + cols[None, :], mask=next_mask, other=0.0)
             dy_next = tl.load(dy_ptr + next_rows64[:, None] * dy_stride + cols[None, :], mask=next_mask, other=0.0)
-            rstd_next = tl.load(rstd_ptr + next_rows, mask=next_rows < M, other=0.0)
+            if not RECOMPUTE_RSTD:
+                rstd_next = tl.load(rstd_ptr + next_rows, mask=next_rows < M, other=0.0)
             rows = rows.to(tl.int64)
             x = x_raw.to(ACC)
             dy = dy_raw.to(ACC)
+            if RECOMPUTE_RSTD:
+                rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
             x_hat = x * rstd[:, None]
             g = dy * w[None, :] if HAS_WEIGHT else dy
             mean_gx = tl.sum(g * x_hat, axis=1) / N
@@ -535,15 +543,25 @@ def _fwd_launcher(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> C
 
 
 class _BwdPlan(NamedTuple):
-    main: _Launch  # _rmsnorm_bwd_kernel or _rmsnorm_bwd_wide_kernel
+    main: _Launch  # _rmsnorm_bwd_kernel (which takes eps too) or _rmsnorm_bwd_wide_kernel
     partial_rows: int  # rows of the fp32 dw partial buffer (0: none, no weight or one program)
     dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two passes)
     rows_per_split: int  # rows each dw_columns program sums
     sum_rows: CachedLauncher | None  # _sum_rows_kernel: partials -> dw (None: no partials)
+    takes_eps: bool  # the main kernel's arguments end in eps
 
 
-def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = None):
-    """dx and dw (None without a weight); ``config`` None: ``bwd_config(N)``."""
+def recomputes_rstd(m: int, n: int) -> bool:
+    """Whether the default backward of (m, n) rows recomputes rstd (one program, rows in
+    registers): then the eager forward keeps no rstd buffer. For launch-bound calls, where one
+    tensor fewer made and freed across the autograd engine's threads is host time
+    (results/2026-11-24-h100-direct-launch/README.md)."""
+    return n <= _BWD_SINGLE_PASS_MAX_N and m * n <= _ONE_PROGRAM_BWD_MAX_ELEMENTS
+
+
+def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = None, eps: float = 0.0):
+    """dx and dw (None without a weight); ``config`` None: ``bwd_config(N)``. ``rstd`` None:
+    recomputed from the rows with ``eps`` (the "rows" kernel only)."""
     m, n = x2d.shape
     dx = torch.empty_like(x2d)  # row-major: rows with unit column stride (cheaper than empty)
     has_weight = weight is not None
@@ -552,9 +570,13 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     device = x2d.get_device()
     x_stride, dy_stride, dx_stride = x2d.stride(0), dy2d.stride(0), dx.stride(0)
     dres_stride = dres2d.stride(0) if dres2d is not None else 0
+    recompute = rstd is None
     key = (m, n, x2d.dtype, device, weight.dtype if has_weight else None, dy2d.dtype,
-           dres2d.dtype if dres2d is not None else None, x_stride, dy_stride, dres_stride, dx_stride, config)
+           dres2d.dtype if dres2d is not None else None, x_stride, dy_stride, dres_stride, dx_stride, recompute,
+           config)
     plan = _bwd_plans.get(key)
+    if recompute:
+        rstd = x2d  # a placeholder pointer: the kernel reads no rstd
     args = [
         x2d, x_stride,
         weight if has_weight else x2d,
@@ -566,11 +588,14 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
         m, n,
     ]
     if plan is None:
-        plan = _bwd_plans.remember(key, _bwd_plan(args, has_weight, dres2d is not None, config or bwd_config(n)))
+        plan = _bwd_plans.remember(key, _bwd_plan(args, has_weight, dres2d is not None, config or bwd_config(n),
+                                                  recompute))
+    if plan.takes_eps:
+        args.append(eps)
     if has_weight and plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
         dw = out = torch.empty_like(weight)
     elif has_weight:
-        dw, out = None, torch.empty((plan.partial_rows, n), dtype=rstd.dtype, device=x2d.device)
+        dw, out = None, torch.empty((plan.partial_rows, n), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     else:
         dw = out = None
     if plan.dw_columns is None and out is not None:
@@ -581,8 +606,9 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     outp = args[10].data_ptr()
     aligned = not (xp | dyp | sp | dxp | wp | dresp | outp) & 15
     direct = plan.main.direct
+    tail = (m, n, eps) if plan.takes_eps else (m, n)
     if not (aligned and direct and direct(device, xp, x_stride, wp, dyp, dy_stride, dresp, dres_stride, sp,
-                                          dxp, dx_stride, outp, m, n)):
+                                          dxp, dx_stride, outp, *tail)):
         plan.main.first_or_fallback(aligned, args)
     if plan.sum_rows is None:
         return dx, dw
@@ -594,7 +620,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     return dx, dw
 
 
-def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
+def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = False) -> _BwdPlan:
     x2d = args[0]
     m, n = x2d.shape
     sms = sm_count(x2d.device)
@@ -602,6 +628,9 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
     if config.kernel != "two-pass" and config.block_n < n:
         raise ValueError(
             f"rmsnorm BwdConfig: the {config.kernel} kernel needs block_n >= N, got {config.block_n} < {n}")
+    if recompute and config.kernel != "rows":
+        raise ValueError(f"rmsnorm backward: only the rows kernel recomputes rstd, not {config.kernel!r}")
+    takes_eps = config.kernel != "wide"
     if config.kernel == "wide":
         kernel = _rmsnorm_bwd_wide_kernel
         meta = dict(BLOCK_N=config.block_n, HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc,
@@ -609,7 +638,9 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
     else:
         kernel = _rmsnorm_bwd_kernel
         meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, SINGLE_PASS=config.kernel == "rows",
-                    HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc, num_warps=config.num_warps)
+                    HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc, RECOMPUTE_RSTD=recompute,
+                    num_warps=config.num_warps)
+        args = [*args, 0.0]  # eps, for the occupancy query's compile
     # Persistent, each program looping over rows. By default as many programs per SM as can be
     # resident at once (from the compiled kernel's registers and shared memory): more would run
     # as a second, partial wave. Capped at the row blocks so every program writes a dw partial.
@@ -619,9 +650,9 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
         row_programs = 1
     main = _Launch(CachedLauncher(kernel, (row_programs,), **meta))
     if not has_weight:
-        return _BwdPlan(main, 0, None, 0, None)
+        return _BwdPlan(main, 0, None, 0, None, takes_eps)
     if config.kernel == "rows" and row_programs == 1:  # the one program's share is dw: written directly
-        return _BwdPlan(main, 0, None, 0, None)
+        return _BwdPlan(main, 0, None, 0, None, takes_eps)
     dw_columns, rows_per_split, partial_rows = None, 0, row_programs
     if config.kernel == "two-pass":
         dw_block_n = 256
@@ -633,7 +664,7 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig) -> _BwdPlan:
                                     BLOCK_R=32, BLOCK_N=dw_block_n, ACC=acc, num_warps=16)
     sum_rows = CachedLauncher(_sum_rows_kernel, (triton.cdiv(n, 64),),
                               BLOCK_P=64, BLOCK_N=64, ACC=acc, num_warps=8)
-    return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows)
+    return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows, takes_eps)
 
 
 _resident_cache: dict = {}
@@ -679,15 +710,19 @@ def _scratch_rstd(m: int, x2d: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def _forward(x, weight, residual, eps, keep_rstd=True):
+def _forward(x, weight, residual, eps, rstd="keep"):
     """y and h (None without a residual) shaped like x, and what the backward needs: the
-    normalised rows, the weight as read, rstd (a shared scratch buffer unless ``keep_rstd``)."""
+    normalised rows, the weight as read, rstd. ``rstd``: "keep" (a buffer of its own), "scratch"
+    (nobody differentiates: a shared buffer, returned all the same) or "eager-backward" (kept
+    unless ``recomputes_rstd``: then None, the backward recomputing it)."""
     n = x.shape[-1]
     x2d = _as_rows(x, n)
     res2d = _as_rows(residual, n) if residual is not None else None
     w = weight.contiguous() if weight is not None else None
-    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps, rstd=None if keep_rstd else _scratch_rstd(x2d.shape[0], x2d))
-    saved = (h if h is not None else x2d, w, rstd)
+    recompute = rstd == "eager-backward" and recomputes_rstd(x2d.shape[0], n)
+    scratch = rstd == "scratch" or recompute
+    y, h, rstd = _rmsnorm_fwd(x2d, w, res2d, eps, rstd=_scratch_rstd(x2d.shape[0], x2d) if scratch else None)
+    saved = (h if h is not None else x2d, w, None if recompute else rstd)
     if x.dim() == 2:  # a view costs host time; launch-bound calls notice
         return y, h, saved
     return y.view(x.shape), (h.view(x.shape) if h is not None else None), saved
@@ -696,9 +731,9 @@ def _forward(x, weight, residual, eps, keep_rstd=True):
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
-        y, h, saved = _forward(x, weight, residual, eps)
+        y, h, saved = _forward(x, weight, residual, eps, rstd="eager-backward")
         ctx.save_for_backward(*saved)
-        ctx.shape, ctx.has_residual = x.shape, residual is not None
+        ctx.shape, ctx.has_residual, ctx.eps = x.shape, residual is not None, eps
         ctx.set_materialize_grads(False)
         return y if h is None else (y, h)
 
@@ -708,7 +743,7 @@ class _RMSNormFunction(torch.autograd.Function):
         n = normed.shape[-1]
         dy2d = _as_rows(dy, n) if dy is not None else torch.zeros_like(normed)
         dres2d = _as_rows(dh, n) if dh is not None else None
-        dx, dw = _rmsnorm_bwd(normed, weight, rstd, dy2d, dres2d)
+        dx, dw = _rmsnorm_bwd(normed, weight, rstd, dy2d, dres2d, eps=ctx.eps)
         if len(ctx.shape) != 2:
             dx = dx.view(ctx.shape)
         dres = dx if ctx.has_residual else None  # autograd clones where one tensor feeds two leaves

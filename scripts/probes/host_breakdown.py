@@ -94,7 +94,7 @@ def main() -> None:
     K._rmsnorm_bwd(xd, wd, rstd, dy, None)
     bwd_plan = next(iter(K._bwd_plans.values()))
     dw = torch.empty_like(wd)
-    bwd_args = [xd, 4096, wd, dy, 4096, dy, 0, rstd, torch.empty_like(xd), 4096, dw, 8, 4096]
+    bwd_args = [xd, 4096, wd, dy, 4096, dy, 0, rstd, torch.empty_like(xd), 4096, dw, 8, 4096, 1e-6]
     if bwd_plan.sum_rows is not None:  # the persistent grid: fp32 partials, reduced to dw
         partial = torch.empty((bwd_plan.partial_rows, 4096), dtype=torch.float32, device=dev)
         bwd_args[10] = partial
@@ -156,8 +156,8 @@ def main() -> None:
         ("ThreeSaved", fwd_three_saved), ("Spin10us", fwd_spin)]}
     c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, K._RMSNormFunction)
 
-    y1, _, saved1 = K._forward(xd, wd, None, 1e-6)
-    fake_ctx = SimpleNamespace(saved_tensors=saved1, shape=xd.shape, has_residual=False)
+    y1, _, saved1 = K._forward(xd, wd, None, 1e-6, rstd="eager-backward")
+    fake_ctx = SimpleNamespace(saved_tensors=saved1, shape=xd.shape, has_residual=False, eps=1e-6)
 
     cases = {
         "F.rms_norm fwd": lambda: F.rms_norm(x, (4096,), w, 1e-6),
