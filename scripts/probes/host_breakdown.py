@@ -215,13 +215,36 @@ def main() -> None:
             cases[f"harness case {cand} {mode} (probe loop)"] = case.run
             op_cases[f"harness case {cand} {mode} (probe loop)"] = case
             cases[f"harness case {cand} {mode} (time_host)"] = (case, None)
+    # The harness keeps each call's outputs (and so its autograd graph) until the next call's
+    # prepare; this probe's own fwd+bwd cases drop them at the end of the call.
+    held = []
+
+    def ours_keeping_outputs():
+        held.clear()
+        held.append(rms_norm(x, w, 1e-6, impl="triton"))
+        torch.autograd.backward(held[0], dy)
+
+    def f_keeping_outputs():
+        held.clear()
+        held.append(F.rms_norm(x, (4096,), w, 1e-6))
+        torch.autograd.backward(held[0], dy)
+
+    triton_case = op_cases["harness case triton fwd+bwd (probe loop)"]
+
+    def case_dropping_outputs():
+        triton_case.run()
+        triton_case.outputs = None
+
+    cases["exp: ours fwd+bwd, outputs kept until the next call"] = ours_keeping_outputs
+    cases["exp: F.rms_norm fwd+bwd, outputs kept until the next call"] = f_keeping_outputs
+    cases["exp: harness case triton fwd+bwd, outputs dropped in the call"] = (triton_case, case_dropping_outputs)
     if args.only:
         cases = {name: fn for name, fn in cases.items() if args.only in name}
     results = {}
     for _ in range(2):
         for name, fn in cases.items():
-            if isinstance(fn, tuple):
-                us = statistics.median(time_host(fn[0].run, fn[0].prepare).times) * 1e3
+            if isinstance(fn, tuple):  # (harness case, its run or a stand-in): the harness's loop
+                us = statistics.median(time_host(fn[1] or fn[0].run, fn[0].prepare).times) * 1e3
             elif name.startswith("harness case"):
                 case = op_cases[name]
                 us = per_call_us(fn, args.calls, prepare=case.prepare)
