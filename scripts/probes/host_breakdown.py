@@ -219,13 +219,15 @@ def main() -> None:
     # prepare; this probe's own fwd+bwd cases drop them at the end of the call.
     held = []
 
-    def ours_keeping_outputs():
+    def release():
         held.clear()
+        clear()
+
+    def ours_keeping_outputs():
         held.append(rms_norm(x, w, 1e-6, impl="triton"))
         torch.autograd.backward(held[0], dy)
 
     def f_keeping_outputs():
-        held.clear()
         held.append(F.rms_norm(x, (4096,), w, 1e-6))
         torch.autograd.backward(held[0], dy)
 
@@ -235,8 +237,13 @@ def main() -> None:
         triton_case.run()
         triton_case.outputs = None
 
-    cases["exp: ours fwd+bwd, outputs kept until the next call"] = ours_keeping_outputs
-    cases["exp: F.rms_norm fwd+bwd, outputs kept until the next call"] = f_keeping_outputs
+    cases["exp: ours fwd+bwd, outputs kept until the next call"] = (
+        SimpleNamespace(run=ours_keeping_outputs, prepare=release), None)
+    cases["exp: F.rms_norm fwd+bwd, outputs kept until the next call"] = (
+        SimpleNamespace(run=f_keeping_outputs, prepare=release), None)
+    cases["exp: ours fwd+bwd (time_host)"] = (SimpleNamespace(run=cases["ours fwd+bwd"], prepare=clear), None)
+    cases["exp: F.rms_norm fwd+bwd (time_host)"] = (
+        SimpleNamespace(run=cases["F.rms_norm fwd+bwd"], prepare=clear), None)
     cases["exp: harness case triton fwd+bwd, outputs dropped in the call"] = (triton_case, case_dropping_outputs)
     if args.only:
         cases = {name: fn for name, fn in cases.items() if args.only in name}
