@@ -54,3 +54,44 @@ def test_rep_timer_times_each_call_on_the_cpu():
         timer(lambda: time.sleep(0.002))
     times = timer.times_ms()
     assert len(times) == 3 and all(t >= 2.0 for t in times)
+
+
+def _host_plan():
+    op = get_op("rmsnorm")
+    host_workload = Workload("host-8x64", "cpu", {"shape": (8, 64), "dtype": torch.float32, "host_timing": True})
+    return [PlanItem(op, [op.get_candidate("torch-rms-norm"), op.get_candidate("torch-eager")],
+                     [host_workload], ["fwd"])]
+
+
+def test_host_time_is_interleaved_over_the_rounds(monkeypatch):
+    """A B A B A B, as the device time: the host's drift hits both candidates alike."""
+    from kernelbench.harness import runner
+
+    order = []
+
+    def recording_time_host(fn, prepare, config):
+        order.append(fn.__self__.fn)  # the case's candidate function
+        return time_host(fn, prepare, config)
+
+    monkeypatch.setattr(runner, "time_host", recording_time_host)
+    sink = Rows()
+    run_benchmarks(_host_plan(), "cpu", sink, timing=TimingConfig(warmup_ms=1, rep_ms=6, min_reps=6), rounds=3)
+    assert len(order) == 6 and order[0::2] == [order[0]] * 3 and order[1::2] == [order[1]] * 3
+    assert order[0] is not order[1]
+    host = [r for r in sink.rows if r["metric"] == "host_per_call_ms"]
+    assert len(host) == 2 and all(r["status"] == "ok" and "interleaved rounds" in r["message"] for r in host)
+
+
+def test_a_failing_host_timing_keeps_the_device_rows(monkeypatch):
+    from kernelbench.harness import runner
+
+    def failing_time_host(fn, prepare, config):
+        raise RuntimeError("host clock unavailable")
+
+    monkeypatch.setattr(runner, "time_host", failing_time_host)
+    sink = Rows()
+    run_benchmarks(_host_plan(), "cpu", sink, timing=TimingConfig(warmup_ms=1, rep_ms=4, min_reps=4), rounds=2)
+    device = [r for r in sink.rows if r["metric"] == "time_median_ms"]
+    host = [r for r in sink.rows if r["metric"] == "host_per_call_ms"]
+    assert len(device) == 2 and all(r["status"] == "ok" for r in device)
+    assert len(host) == 2 and all(r["status"] == "error" and "host clock unavailable" in r["message"] for r in host)

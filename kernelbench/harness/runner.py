@@ -21,7 +21,7 @@ from .memory import peak_memory_delta
 from .parity import ParityTracker
 from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, Row, RowSink
 from .stats import Stats, summarize
-from .timing import TimingConfig, time_cpu, time_cuda, time_host
+from .timing import HOST_MODE, TimingConfig, time_cpu, time_cuda, time_host
 
 __all__ = ["ERROR", "FAIL", "NOT_MEASURED", "OK", "PASS", "ROW_FIELDS", "SKIPPED", "SUSPECT", "PlanItem", "Row",
            "RowSink", "RunSummary", "resolve_device", "run_benchmarks", "run_parity"]
@@ -168,6 +168,10 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
     times: dict[str, list[float]] = {name: [] for name in cases}
     host: dict[str, list[float]] = {name: [] for name in cases}
     modes: dict[str, str] = {}
+    # Workloads marked host_timing also time each call on the host, in the same interleaved
+    # rounds, so that the host's drift hits every candidate alike.
+    per_call: dict[str, list[float] | str] | None = (
+        {name: [] for name in cases} if workload.spec.get("host_timing") else None)
     for _ in range(rounds):
         for name in list(cases):
             case = cases[name]
@@ -181,6 +185,12 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                 emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
                 del cases[name], times[name], host[name]
                 _free_memory()
+                continue
+            if per_call is not None and isinstance(per_call[name], list):
+                try:
+                    per_call[name].extend(time_host(case.run, case.prepare, per_round).times)
+                except Exception as exc:  # the device rows stand; the host row says what failed
+                    per_call[name] = _error_message(exc)
 
     stats = {name: summarize(times[name], modes[name]) for name in cases}
     anchor = stats.get(op.speed_anchor) if op.speed_anchor else None
@@ -190,8 +200,8 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         host_ms = sorted(host[name])[len(host[name]) // 2]
         for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
             emit(row)
-        if workload.spec.get("host_timing"):
-            _host_rows(op, workload, mode, name, case, timing, emit, summary)
+        if per_call is not None:
+            _host_row(op, workload, mode, name, per_call[name], emit, summary)
         # Figures only the case can give (a model step's throughput, its optimizer's share).
         for metric, value, unit, message in getattr(case, "extra_rows", lambda _: [])(stats[name].median):
             emit(_row(op, workload, mode, name, metric, value, unit, OK, message))
@@ -213,18 +223,19 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
     cases.clear()
 
 
-def _host_rows(op: Op, workload: Workload, mode: str, name: str, case, timing: TimingConfig,
-               emit: _Emitter, summary: RunSummary) -> None:
+def _host_row(op: Op, workload: Workload, mode: str, name: str, times: list[float] | str,
+              emit: _Emitter, summary: RunSummary) -> None:
     """Per-call host time (workloads marked ``host_timing``: inputs so small that the host, not
-    the GPU, decides the speed), beside the device time of the same candidate."""
-    try:
-        sample = time_host(case.run, case.prepare, timing)
-        st = summarize(sample.times, sample.mode)
-        emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
-                  f"{sample.mode}; median of {st.reps}, IQR/median {st.relative_iqr:.1%}"))
-    except Exception as exc:
+    the GPU, decides the speed), beside the device time of the same candidate; ``times`` from
+    every round, or the error that stopped them."""
+    if isinstance(times, str) or not times:
         summary.errors += 1
-        emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR, _error_message(exc)))
+        emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR,
+                  times or "no host time measured"))
+        return
+    st = summarize(times, HOST_MODE)
+    emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
+              f"{HOST_MODE}; median of {st.reps} over interleaved rounds, IQR/median {st.relative_iqr:.1%}"))
 
 
 def _interpreted_telemetry(op: Op, cand: Candidate, workload: Workload, device: str, mode: str,

@@ -190,6 +190,7 @@ def time_cpu(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
 # Host timing: calls between two device synchronisations. Small enough that tiny workloads never
 # fill the launch queue (a full queue would make the host wait for the GPU).
 HOST_SYNC_EVERY = 32
+HOST_MODE = "host perf_counter per call, device not waited for"
 
 
 def time_host(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
@@ -223,4 +224,4 @@ def time_host(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         if i % HOST_SYNC_EVERY == HOST_SYNC_EVERY - 1:
             sync()
     sync()
-    return Sample(times, "host perf_counter per call, device not waited for", _median(times))
+    return Sample(times, HOST_MODE, _median(times))
