@@ -22,7 +22,8 @@ Kernels, each launched with a frozen config (``FwdConfig``, ``BwdConfig``; defau
   can be resident (read from the compiled kernel), loading the next rows while reducing the
   current ones; each program keeps its share of dw in fp32 registers, written once as a row of an
   fp32 (programs, N) partial buffer that ``_sum_rows_kernel`` reduces to dw. Backwards of at most
-  32768 elements run as one program that writes dw itself (launch-bound: one launch fewer).
+  32768 elements run as one program that writes dw itself (launch-bound: one launch fewer); on
+  the eager path that program recomputes rstd from the saved rows, so the forward keeps none.
 - ``_rmsnorm_bwd_wide_kernel``, 8192 < N <= 16384: one row per step, x, g = dy * w and the dw
   accumulator of the whole row in registers, so x and dy are read from HBM once.
 - Wider rows: ``_rmsnorm_bwd_kernel`` in two passes per row (dot product, then dx, the row coming
@@ -31,7 +32,8 @@ Kernels, each launched with a frozen config (``FwdConfig``, ``BwdConfig``; defau
 - N > 65536 is refused by the Triton path; ``impl="auto"`` falls back to PyTorch there.
 
 Launches go through ``kernelbench.fast_launch.CachedLauncher``, one per launch plan keyed by
-(shape, dtype, device, config), so a repeated shape costs no configuration work on the host.
+(shape, strides, dtypes, device, config), so a repeated shape costs no configuration work on the
+host; after a plan's first aligned call its ``DirectLaunch`` takes the pointers as ints.
 The measurements behind the defaults: results/2026-11-22-h200-norm/README.md.
 """
 
