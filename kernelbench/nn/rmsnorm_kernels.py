@@ -504,7 +504,8 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
         rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
-    device = x2d.get_device()
+    # Triton launches on the current device: the plan (and its direct launch's stream) follows it.
+    device = torch.cuda.current_device() if x2d.is_cuda else -1
     x_stride, y_stride = x2d.stride(0), y.stride(0)
     res_stride = residual2d.stride(0) if residual2d is not None else 0
     key = (m, n, x2d.dtype, device, x_stride, y_stride, residual2d is not None, res_stride,
@@ -569,7 +570,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     has_weight = weight is not None
     if m == 0:
         return dx, (torch.zeros_like(weight) if has_weight else None)
-    device = x2d.get_device()
+    device = torch.cuda.current_device() if x2d.is_cuda else -1  # as in _rmsnorm_fwd
     x_stride, dy_stride, dx_stride = x2d.stride(0), dy2d.stride(0), dx.stride(0)
     dres_stride = dres2d.stride(0) if dres2d is not None else 0
     recompute = rstd is None
