@@ -1,5 +1,6 @@
 """Where the Triton kernels of kernelbench.nn can run: one answer for eager calls and one for
-traced calls (torch.compile), shared by every layer.
+traced calls (torch.compile), shared by every layer; and the small helpers every layer's launch
+code uses (accumulation dtype, power-of-two block checks).
 
 Traced calls ask through ``torch.compiler.assume_constant_result`` functions: Dynamo runs them once
 at trace time and bakes their answer into the graph, so no environment lookup is traced.
@@ -14,8 +15,9 @@ import torch
 
 try:
     import triton
+    import triton.language as tl
 except ImportError:  # PyTorch-only install: every layer's impl="auto" resolves to "torch"
-    from ._no_triton import triton
+    from ._no_triton import tl, triton
 
 HAVE_TRITON = bool(getattr(triton, "available", True))
 NEEDS_CUDA = "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
@@ -57,3 +59,17 @@ def require_const(is_cuda: bool, caller: str) -> bool:
     else:
         return True
     raise ValueError(f"{caller}: {why}; use impl='torch' or impl='auto'")
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the kernels accumulate in: fp64 for fp64 inputs (gradcheck), fp32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def tl_acc(dtype: torch.dtype):
+    """``acc_dtype`` as a Triton dtype, for a kernel's ``ACC`` constexpr."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def is_power_of_two(v: int) -> bool:
+    return v >= 1 and not v & (v - 1)

@@ -42,6 +42,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
+from ._triton_support import acc_dtype, is_power_of_two, tl_acc
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -59,10 +60,6 @@ _BWD_STAGES = 1
 _REDUCE_BLOCK_M = 4096
 
 
-def _is_power_of_two(v: int) -> bool:
-    return v >= 1 and not v & (v - 1)
-
-
 @dataclass(frozen=True)
 class XentConfig:
     """Launch of the forward or backward kernel: one row per program in chunks of ``block_v``,
@@ -73,7 +70,7 @@ class XentConfig:
     num_stages: int = 1
 
     def __post_init__(self) -> None:
-        if not _is_power_of_two(self.block_v):
+        if not is_power_of_two(self.block_v):
             raise ValueError(f"cross_entropy XentConfig: block_v must be a power of two, got {self.block_v}")
         if self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"cross_entropy XentConfig: num_warps must be one of 1, 2, 4, 8, 16, 32, "
@@ -212,14 +209,6 @@ def _xent_bwd_kernel(
 # ------------------------------------------------------------------------------------------------
 # Launches
 # ------------------------------------------------------------------------------------------------
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _tl_acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 def _as_rows(logits: torch.Tensor) -> torch.Tensor:
     """(M, V) view with unit column stride (copies only when that needs one)."""
     rows = logits.reshape(-1, logits.shape[-1])
@@ -248,13 +237,13 @@ def _forward(x2d: torch.Tensor, t1d: torch.Tensor, ignore_index: int, reduction:
     """(loss, lse, n_valid): loss (M,) for "none", else a scalar; lse (M,); n_valid a scalar
     ("mean" / "sum") or an empty tensor ("none")."""
     m, v = x2d.shape
-    acc = _acc_dtype(x2d.dtype)
+    acc = acc_dtype(x2d.dtype)
     lse = torch.empty(m, dtype=acc, device=x2d.device)
     loss_rows = torch.empty(m, dtype=acc, device=x2d.device)
     if m:
         cfg = config or fwd_config(v)
         launch = _launcher(("fwd", m, v, x2d.dtype, x2d.device, cfg), lambda: CachedLauncher(
-            _xent_fwd_kernel, (m,), BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=_tl_acc(x2d.dtype),
+            _xent_fwd_kernel, (m,), BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=tl_acc(x2d.dtype),
             num_warps=cfg.num_warps))
         launch(x2d, x2d.stride(0), t1d, loss_rows, lse, v, ignore_index)
     if reduction == "none":
@@ -266,7 +255,7 @@ def _forward(x2d: torch.Tensor, t1d: torch.Tensor, ignore_index: int, reduction:
     n_valid = torch.empty((), dtype=acc, device=x2d.device)
     block_m = min(_REDUCE_BLOCK_M, triton.next_power_of_2(m))
     launch = _launcher(("reduce", m, x2d.dtype, x2d.device, reduction), lambda: CachedLauncher(
-        _xent_reduce_kernel, (1,), MEAN=reduction == "mean", BLOCK_M=block_m, ACC=_tl_acc(x2d.dtype),
+        _xent_reduce_kernel, (1,), MEAN=reduction == "mean", BLOCK_M=block_m, ACC=tl_acc(x2d.dtype),
         num_warps=max(1, min(16, block_m // 256))))
     launch(loss_rows, t1d, loss, n_valid, m, ignore_index)
     return loss, lse, n_valid
@@ -288,7 +277,7 @@ def _backward(grad: torch.Tensor, x2d: torch.Tensor, t1d: torch.Tensor, lse: tor
     cfg = config or bwd_config(v)
     mean = reduction == "mean"
     launch = _launcher(("bwd", m, v, x2d.dtype, x2d.device, mean, cfg), lambda: CachedLauncher(
-        _xent_bwd_kernel, (m,), MEAN=mean, BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=_tl_acc(x2d.dtype),
+        _xent_bwd_kernel, (m,), MEAN=mean, BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=tl_acc(x2d.dtype),
         num_warps=cfg.num_warps))
     launch(grad, g_stride, x2d, x2d.stride(0), t1d, lse, n_valid if mean else lse, dx, dx.stride(0), v, ignore_index)
     return dx
@@ -334,7 +323,7 @@ def _(logits, targets, ignore_index, reduction):
     _inductor_fallbacks.ensure_registered()
     # Tracing runs this on every call: bad input fails here with the eager error's text.
     _check_inputs(logits, targets, ignore_index, reduction)
-    acc = _acc_dtype(logits.dtype)
+    acc = acc_dtype(logits.dtype)
     loss = logits.new_empty(targets.shape if reduction == "none" else (), dtype=acc)
     n_valid = logits.new_empty(0 if reduction == "none" else (), dtype=acc)
     return loss, logits.new_empty((targets.numel(),), dtype=acc), n_valid

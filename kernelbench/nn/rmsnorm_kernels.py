@@ -54,7 +54,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 from .._device import sm_count
 from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
-from ._triton_support import why_not_here
+from ._triton_support import acc_dtype, is_power_of_two, tl_acc, why_not_here
 
 MAX_N = 65536
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
@@ -88,10 +88,6 @@ _ONE_PROGRAM_BWD_MAX_ELEMENTS = 32768
 _ELEMENTS_PER_PROGRAM = 4096
 
 
-def _is_power_of_two(v: int) -> bool:
-    return v >= 1 and not v & (v - 1)
-
-
 @dataclass(frozen=True)
 class FwdConfig:
     """Launch of ``_rmsnorm_fwd_kernel``: ``block_m`` rows of the padded width ``block_n`` per
@@ -104,7 +100,7 @@ class FwdConfig:
     early_weight: bool = False  # single pass: load the weight together with x
 
     def __post_init__(self) -> None:
-        if not _is_power_of_two(self.block_n):
+        if not is_power_of_two(self.block_n):
             raise ValueError(f"rmsnorm FwdConfig: block_n must be a power of two, got {self.block_n}")
         if not self.single_pass and self.block_m != 1:
             raise ValueError(
@@ -130,7 +126,7 @@ class BwdConfig:
     def __post_init__(self) -> None:
         if self.kernel not in BWD_KERNELS:
             raise ValueError(f"rmsnorm BwdConfig: kernel must be one of {', '.join(BWD_KERNELS)}, got {self.kernel!r}")
-        if not _is_power_of_two(self.block_n):
+        if not is_power_of_two(self.block_n):
             raise ValueError(f"rmsnorm BwdConfig: block_n must be a power of two, got {self.block_n}")
         if self.kernel != "rows" and self.block_m != 1:
             raise ValueError(f"rmsnorm BwdConfig: the {self.kernel} kernel takes one row per block, "
@@ -450,14 +446,6 @@ def _sum_rows_kernel(
 # ------------------------------------------------------------------------------------------------
 # Launch plans
 # ------------------------------------------------------------------------------------------------
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _tl_acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     """(M, N) view with unit column stride (copies only when the last dim is strided)."""
     if t.dim() == 2 and t.stride(1) == 1:  # already rows: no view (host time in launch-bound calls)
@@ -501,7 +489,7 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
     y = torch.empty_like(x2d)
     h = torch.empty_like(y) if residual2d is not None else None
     if rstd is None:
-        rstd = torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device)
+        rstd = torch.empty(m, dtype=acc_dtype(x2d.dtype), device=x2d.device)
     if m == 0:
         return y, h, rstd
     # Triton launches on the current device: the plan (and its direct launch's stream) follows it.
@@ -540,7 +528,7 @@ def _fwd_launcher(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> C
     return CachedLauncher(
         _rmsnorm_fwd_kernel, (triton.cdiv(m, config.block_m),),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, SINGLE_PASS=config.single_pass,
-        HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=_tl_acc(dtype),
+        HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=tl_acc(dtype),
         EARLY_WEIGHT=config.single_pass and config.early_weight, num_warps=config.num_warps,
     )
 
@@ -598,7 +586,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     if has_weight and plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
         dw = out = torch.empty_like(weight)
     elif has_weight:
-        dw, out = None, torch.empty((plan.partial_rows, n), dtype=_acc_dtype(x2d.dtype), device=x2d.device)
+        dw, out = None, torch.empty((plan.partial_rows, n), dtype=acc_dtype(x2d.dtype), device=x2d.device)
     else:
         dw = out = None
     if plan.dw_columns is None and out is not None:
@@ -627,7 +615,7 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = F
     x2d = args[0]
     m, n = x2d.shape
     sms = sm_count(x2d.device)
-    acc = _tl_acc(x2d.dtype)
+    acc = tl_acc(x2d.dtype)
     if config.kernel != "two-pass" and config.block_n < n:
         raise ValueError(
             f"rmsnorm BwdConfig: the {config.kernel} kernel needs block_n >= N, got {config.block_n} < {n}")
@@ -709,7 +697,7 @@ def _scratch_rstd(m: int, x2d: torch.Tensor) -> torch.Tensor:
     key = (m, x2d.dtype, x2d.device)
     buf = _rstd_scratch.get(key)
     if buf is None:
-        buf = _rstd_scratch.remember(key, torch.empty(m, dtype=_acc_dtype(x2d.dtype), device=x2d.device))
+        buf = _rstd_scratch.remember(key, torch.empty(m, dtype=acc_dtype(x2d.dtype), device=x2d.device))
     return buf
 
 
@@ -776,7 +764,7 @@ def _(x, weight, residual, eps):
                          "Triton kernels take; use impl='torch' or impl='auto'")
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
-    return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=_acc_dtype(x.dtype))
+    return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=acc_dtype(x.dtype))
 
 
 @torch.library.custom_op("kernelbench::rms_norm_bwd", mutates_args=())

@@ -34,6 +34,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
+from ._triton_support import tl_acc
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -135,10 +136,6 @@ def _silu_mul_bwd_kernel(
 # ------------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------------
-def _tl_acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 # Launchers by (numel, dtype, device, config): a repeated shape does no configuration work.
 _fwd_plans: PlanCache = PlanCache()
 _bwd_plans: PlanCache = PlanCache()
@@ -150,7 +147,7 @@ def _launcher(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: 
     if launch is None:
         cfg = config or default_config(like.element_size())
         launch = CachedLauncher(kernel, (triton.cdiv(numel, cfg.block),), BLOCK=cfg.block,
-                                EVEN=numel % cfg.block == 0, ACC=_tl_acc(like.dtype), num_warps=cfg.num_warps)
+                                EVEN=numel % cfg.block == 0, ACC=tl_acc(like.dtype), num_warps=cfg.num_warps)
         plans.remember(key, launch)
     return launch
 
