@@ -568,39 +568,40 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     plan = _bwd_plans.get(key)
     if recompute:
         rstd = x2d  # a placeholder pointer: the kernel reads no rstd
-    args = [
-        x2d, x_stride,
-        weight if has_weight else x2d,
-        dy2d, dy_stride,
-        dres2d if dres2d is not None else dy2d, dres_stride,
-        rstd,
-        dx, dx_stride,
-        rstd,  # the dw partials where the main kernel writes them, set below
-        m, n,
-    ]
+
+    def tensor_args(main_out):  # the main kernel's runtime arguments, tensors as tensors
+        return [
+            x2d, x_stride,
+            weight if has_weight else x2d,
+            dy2d, dy_stride,
+            dres2d if dres2d is not None else dy2d, dres_stride,
+            rstd,
+            dx, dx_stride,
+            main_out,  # dw, its fp32 partials, or a placeholder where the main kernel writes none
+            m, n,
+        ]
+
     if plan is None:
-        plan = _bwd_plans.remember(key, _bwd_plan(args, has_weight, dres2d is not None, config or bwd_config(n),
-                                                  recompute))
-    if plan.takes_eps:
-        args.append(eps)
+        plan = _bwd_plans.remember(key, _bwd_plan(tensor_args(rstd), has_weight, dres2d is not None,
+                                                  config or bwd_config(n), recompute))
     if has_weight and plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
         dw = out = torch.empty_like(weight)
     elif has_weight:
         dw, out = None, torch.empty((plan.partial_rows, n), dtype=acc_dtype(x2d.dtype), device=x2d.device)
     else:
         dw = out = None
-    if plan.dw_columns is None and out is not None:
-        args[10] = out
+    main_out = out if plan.dw_columns is None and out is not None else rstd
     xp, dyp, sp, dxp = x2d.data_ptr(), dy2d.data_ptr(), rstd.data_ptr(), dx.data_ptr()
     wp = weight.data_ptr() if has_weight else xp
     dresp = dres2d.data_ptr() if dres2d is not None else dyp
-    outp = args[10].data_ptr()
+    outp = main_out.data_ptr()
     aligned = not (xp | dyp | sp | dxp | wp | dresp | outp) & 15
     direct = plan.main.direct
     tail = (m, n, eps) if plan.takes_eps else (m, n)
     if not (aligned and direct and direct(device, xp, x_stride, wp, dyp, dy_stride, dresp, dres_stride, sp,
                                           dxp, dx_stride, outp, *tail)):
-        plan.main.first_or_fallback(aligned, args)
+        args = tensor_args(main_out)  # built only off the direct path
+        plan.main.first_or_fallback(aligned, [*args, eps] if plan.takes_eps else args)
     if plan.sum_rows is None:
         return dx, dw
     partial = out
