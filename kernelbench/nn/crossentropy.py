@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton_support import require_const, runs_here_const
+from ._triton_support import direct_apply, require_const, runs_here_const
 from ._triton_support import why_not_here as triton_usable
 from .crossentropy_kernels import (
     REDUCTIONS,
@@ -23,6 +23,10 @@ from .crossentropy_kernels import (
 )
 
 __all__ = ["IMPLS", "REDUCTIONS", "SUPPORTED_DTYPES", "cross_entropy", "cross_entropy_ref_fp32", "triton_usable"]
+
+# Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
+_cross_entropy_autograd = direct_apply(_CrossEntropyFunction)
+
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -75,6 +79,6 @@ def cross_entropy(
     if why_not:
         raise ValueError(f"cross_entropy(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
     if torch.is_grad_enabled() and logits.requires_grad:
-        return _CrossEntropyFunction.apply(logits, targets, ignore_index, reduction)
+        return _cross_entropy_autograd(logits, targets, ignore_index, reduction)
     # No gradient to record: skip autograd.Function's bookkeeping.
     return _forward_no_grad(logits, targets, ignore_index, reduction)

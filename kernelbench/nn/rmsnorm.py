@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ._triton_support import require_const, runs_here
+from ._triton_support import direct_apply, require_const, runs_here
 from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from .rmsnorm_kernels import (
     MAX_N,
@@ -26,6 +26,10 @@ from .rmsnorm_kernels import (
 )
 
 __all__ = ["IMPLS", "MAX_N", "SUPPORTED_DTYPES", "RMSNorm", "rms_norm", "rmsnorm_ref_fp32", "triton_usable"]
+
+# Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
+_rms_norm_autograd = direct_apply(_RMSNormFunction)
+
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -93,7 +97,7 @@ def rms_norm(
     if not runs_here(x) or x.shape[-1] > MAX_N:
         raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
     if needs_grad:
-        return _RMSNormFunction.apply(x, weight, residual, float(eps))
+        return _rms_norm_autograd(x, weight, residual, float(eps))
     # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host
     # time in launch-bound calls).
     y, h, _ = _forward(x, weight, residual, float(eps), rstd="scratch")

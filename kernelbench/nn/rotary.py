@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._triton_support import require_const, runs_here
+from ._triton_support import direct_apply, require_const, runs_here
 from ._triton_support import why_not_here as triton_usable
 from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from .rotary_kernels import (
@@ -41,6 +41,9 @@ from .rotary_kernels import (
 
 __all__ = ["IMPLS", "LAYOUTS", "STYLES", "SUPPORTED_DTYPES", "RotaryConfig", "apply_rotary", "apply_rotary_",
            "rotary_config", "rotary_ref", "triton_usable"]
+
+# Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
+_rotary_autograd = direct_apply(_RotaryFunction)
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -129,7 +132,7 @@ def apply_rotary(
     offsets, offset = _offsets_for_kernel(position_offset, q.device)
     cos, sin = _table_for_kernel(cos), _table_for_kernel(sin)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
-        return _RotaryFunction.apply(q, k, cos, sin, offsets, offset, style, layout)
+        return _rotary_autograd(q, k, cos, sin, offsets, offset, style, layout)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
     return _forward(q, k, cos, sin, offsets, offset, style == "interleaved", layout)
 

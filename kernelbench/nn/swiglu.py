@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton_support import require_const, runs_here, runs_here_const
+from ._triton_support import direct_apply, require_const, runs_here, runs_here_const
 from ._triton_support import why_not_here as triton_usable
 from .swiglu_kernels import (
     SUPPORTED_DTYPES,
@@ -24,6 +24,9 @@ from .swiglu_kernels import (
 
 __all__ = ["IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul", "silu_mul_ref_fp32",
            "triton_usable"]
+
+# Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
+_silu_mul_autograd = direct_apply(_SiluMulFunction)
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -62,6 +65,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     if not runs_here(gate):
         raise ValueError(f"silu_mul(impl='triton'): {triton_usable(gate)}; use impl='torch' or impl='auto'")
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-        return _SiluMulFunction.apply(gate, up)
+        return _silu_mul_autograd(gate, up)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
     return silu_mul_fwd(gate, up)
