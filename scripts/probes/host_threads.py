@@ -31,6 +31,11 @@ def spin(us: float) -> None:
         pass
 
 
+def iqr(values: list[float]) -> float:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q[2] - q[0]
+
+
 def null_function(fwd_us: float, bwd_us: float) -> type:
     """An autograd.Function with RMSNorm's signature that allocates its outputs and busy-waits."""
 
@@ -54,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", help="only the cases whose name contains one of these ('|'-separated) texts")
     args = parser.parse_args()
     x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -118,6 +124,8 @@ def main() -> None:
     cases["forward only: ours"] = ours
     null = null_function(0, 0)
     cases["forward only: null Function"] = lambda: null.apply(x, w)
+    if args.only:
+        cases = {name: fn for name, fn in cases.items() if any(t in name for t in args.only.split("|"))}
     results: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for name, fn in cases.items():
@@ -129,7 +137,7 @@ def main() -> None:
                 patch(False)
     for name, values in results.items():
         rounds = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{name:45s} {statistics.median(values):8.1f} us  (rounds: {rounds})")
+        print(f"{name:45s} {statistics.median(values):8.1f} us  (IQR of rounds {iqr(values):5.1f}; rounds: {rounds})")
 
 
 if __name__ == "__main__":
