@@ -106,9 +106,13 @@ class DirectLaunch:
 
     __slots__ = ("_run", "_grid", "_function", "_metadata", "_tail")
 
-    def __init__(self, run: Any, grid3: tuple, function: Any, metadata: Any, constexpr_tail: list) -> None:
+    def __init__(self, run: Any, grid3: tuple, function: Any, metadata: Any, constexpr_tail: Sequence = ()) -> None:
         self._run, self._grid, self._function, self._metadata = run, grid3, function, metadata
         self._tail = tuple(constexpr_tail)
+
+    def with_tail(self, constexpr_tail: Sequence) -> DirectLaunch:
+        """The same launch, appending ``constexpr_tail`` to the arguments it is called with."""
+        return DirectLaunch(self._run, self._grid, self._function, self._metadata, constexpr_tail)
 
     def __call__(self, device: int, *args: Any) -> bool:
         if not _no_launch_hooks():
@@ -155,24 +159,20 @@ class CachedLauncher:
         key = (device, *map(_arg_key, args))
         entry = self._runners.get(key)
         if entry is not None:
-            runner, direct = entry
-            if direct is not None and _no_launch_hooks():
-                run, function, packed_metadata = direct
-                g = self._grid3
-                run(g[0], g[1], g[2], _raw_stream(device), function, packed_metadata, None, None, None,
-                    *self._with_constexprs(args))
-            else:
-                runner(*self._with_constexprs(args))
+            runner, launch = entry
+            full = self._with_constexprs(args)
+            if launch is None or not launch(device, *full):
+                runner(*full)
             return
         compiled = self.kernel[self.grid](*args, **self.meta)
         if _UNCACHEABLE in key or not hasattr(compiled, "run") or not hasattr(compiled, "__getitem__"):
             return
         runner = compiled[self._grid3]  # loads the module: function and packed_metadata exist after
-        direct = None
+        launch = None
         loaded = all(hasattr(compiled, name) for name in ("function", "packed_metadata"))
         if loaded and _read_launch_knobs() is not None:
-            direct = (compiled.run, compiled.function, compiled.packed_metadata)
-        self._runners[key] = (runner, direct)
+            launch = DirectLaunch(compiled.run, self._grid3, compiled.function, compiled.packed_metadata)
+        self._runners[key] = (runner, launch)
 
     def direct(self, *args: Any) -> DirectLaunch | None:
         """Launch ``args`` and return a ``DirectLaunch`` of the kernel compiled for them, or None
@@ -184,8 +184,7 @@ class CachedLauncher:
         entry = self._runners.get((torch.cuda.current_device(), *map(_arg_key, args)))
         if entry is None or entry[1] is None:
             return None
-        run, function, packed_metadata = entry[1]
-        return DirectLaunch(run, self._grid3, function, packed_metadata, self._constexpr_tail)
+        return entry[1].with_tail(self._constexpr_tail)
 
     def _with_constexprs(self, args: tuple) -> list:
         if self._constexpr_tail is not None:
