@@ -24,6 +24,8 @@ arguments: it returns a ``DirectLaunch`` bound to one specialization, called wit
 an int (``tensor.data_ptr()``). Triton's launcher then neither calls ``data_ptr`` on each tensor
 nor asks the driver about each pointer, and nothing is keyed per call; the caller guarantees that
 the arguments specialize as the first ones did (same dtypes, 16-byte alignment, int classes).
+Where the compiled launcher only adds fixed arguments before its C function, a ``DirectLaunch``
+calls that function itself.
 """
 
 from __future__ import annotations
@@ -102,25 +104,75 @@ class DirectLaunch:
     """One compiled specialization of a kernel on a fixed grid: ``launch(device, *args)`` with
     the runtime arguments in order, pointers as ints. Returns False without launching while a
     profiler's launch hooks are set (they need the tensors): the caller then launches through its
-    ``CachedLauncher``."""
+    ``CachedLauncher``.
 
-    __slots__ = ("_run", "_grid", "_function", "_metadata", "_tail")
+    The compiled kernel's launcher is a Python method that hands every call to a C function,
+    adding the same fixed arguments each time (launch flags, no scratch buffers, the metadata).
+    The first call watches what it hands over; where that is the grid, the stream, the function,
+    fixed values and then exactly this call's arguments, later calls go to the C function
+    directly (one Python frame fewer per launch). Any other shape, a scratch buffer among them,
+    keeps every call on the launcher."""
+
+    __slots__ = ("_run", "_grid", "_function", "_metadata", "_tail", "_c_launch", "_c_fixed", "_watched")
 
     def __init__(self, run: Any, grid3: tuple, function: Any, metadata: Any, constexpr_tail: Sequence = ()) -> None:
         self._run, self._grid, self._function, self._metadata = run, grid3, function, metadata
         self._tail = tuple(constexpr_tail)
+        self._c_launch, self._c_fixed, self._watched = None, (), False
 
     def with_tail(self, constexpr_tail: Sequence) -> DirectLaunch:
         """The same launch, appending ``constexpr_tail`` to the arguments it is called with."""
         return DirectLaunch(self._run, self._grid, self._function, self._metadata, constexpr_tail)
 
+    @property
+    def calls_c_launcher(self) -> bool:
+        """Whether calls go to the compiled launcher's C function directly."""
+        return self._c_launch is not None
+
     def __call__(self, device: int, *args: Any) -> bool:
         if not _no_launch_hooks():
             return False
         g = self._grid
-        self._run(g[0], g[1], g[2], _raw_stream(device), self._function, self._metadata, None, None, None,
-                  *args, *self._tail)
+        if self._c_launch is not None:
+            self._c_launch(g[0], g[1], g[2], _raw_stream(device), self._function, *self._c_fixed, *args, *self._tail)
+        elif self._watched:
+            self._run(g[0], g[1], g[2], _raw_stream(device), self._function, self._metadata, None, None, None,
+                      *args, *self._tail)
+        else:
+            self._watch((*args, *self._tail), _raw_stream(device))
         return True
+
+    def _watch(self, args: tuple, stream: int) -> None:
+        """Launch through the launcher, seeing what it passes its C function."""
+        self._watched = True
+        run, g = self._run, self._grid
+        c_launch = getattr(run, "launch", None)
+        seen = []
+
+        def watch(*passed: Any) -> Any:
+            seen.append(passed)
+            return c_launch(*passed)
+
+        if c_launch is not None and "launch" in getattr(run, "__dict__", ()):
+            run.launch = watch
+            try:
+                run(g[0], g[1], g[2], stream, self._function, self._metadata, None, None, None, *args)
+            finally:
+                run.launch = c_launch
+        else:
+            run(g[0], g[1], g[2], stream, self._function, self._metadata, None, None, None, *args)
+            return
+        if len(seen) != 1:
+            return
+        passed, n = seen[0], len(args)
+        head, fixed, tail = passed[:5], passed[5:len(passed) - n], passed[len(passed) - n:]
+        if (len(passed) < 5 + n or head[:3] != tuple(g) or head[3] != stream or head[4] is not self._function
+                or any(a is not b for a, b in zip(tail, args))):
+            return
+        # Fixed means flags, None (no scratch buffer, no hook) or the metadata given: anything
+        # else (a buffer allocated per call) could differ the next time.
+        if all(v is None or v is self._metadata or (type(v) in (bool, int) and v in (0, 1)) for v in fixed):
+            self._c_launch, self._c_fixed = c_launch, tuple(fixed)
 
 
 class CachedLauncher:

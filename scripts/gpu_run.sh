@@ -5,6 +5,7 @@
 #   scripts/gpu_run.sh env selfcheck gputests ci          # steps run in the order given
 #   scripts/gpu_run.sh "kb:run rmsnorm -w sweep-n256-bf16" # any kernelbench command; its report
 #                                                          # folder is named after the step
+#   scripts/gpu_run.sh "kbat:.before/f6f0b73:run rmsnorm -w host-8x4096"  # the same from another tree
 # Peer packages (adam-mini, liger-kernel, adafactor8bit) travel as wheels in .whl/ (carried).
 # The copy of the tree there has no .git: prefix the call with KERNELBENCH_GIT_SHA=<commit> so
 # the reports record which commit they measured.
@@ -50,6 +51,14 @@ for step in "$@"; do
       name="step$n-$(echo "${step#kb:}" | tr -cs 'A-Za-z0-9' '-' | cut -c1-60)"
       # shellcheck disable=SC2086
       run_step "$name" 550 python3 -m kernelbench ${step#kb:} --output-dir "$WORK/reports/$name" ;;
+    kbat:*)  # kbat:<tree>:<args>: kernelbench from another source tree (a carried worktree of an
+      # earlier commit), for a before / after on one host; its report folder is named after the step
+      rest=${step#kbat:}; tree=${rest%%:*}; args=${rest#*:}
+      name="step$n-$(basename "$tree")-$(echo "$args" | tr -cs 'A-Za-z0-9' '-' | cut -c1-50)"
+      # shellcheck disable=SC2086
+      # Run from inside the tree: python -m puts the working directory first on sys.path.
+      run_step "$name" 550 env -C "$tree" PYTHONPATH="$PWD/$tree${PYTHONPATH#"$PWD"}" python3 -m kernelbench $args \
+        --output-dir "$WORK/reports/$name" ;;
     py:*) run_step "step$n-py" 550 python3 ${step#py:} ;;
     *) echo "unknown step $step" ;;
   esac

@@ -185,3 +185,47 @@ def test_empty_hook_chains_are_no_hooks(compiled_mode, monkeypatch):
     empty.launch_exit_hook.calls.append(print)  # a profiler adds a hook
     launch(x, 5, 1.0)
     assert kernel.log[-1][0] == "runner"
+
+
+class FakeLauncher:
+    """Triton's compiled launcher: a Python ``__call__`` handing its C function (an attribute of
+    the instance) the grid, stream and function, fixed flags, scratch buffers, the metadata and
+    hooks, then the kernel's arguments, flat or (``as_tuple``) as one tuple."""
+
+    def __init__(self, log: list, scratch=None, as_tuple: bool = False) -> None:
+        self.log, self.scratch, self.as_tuple = log, scratch, as_tuple
+        self.launch = lambda *passed: log.append(("c", passed))
+
+    def __call__(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_, *args):
+        self.log.append(("python",))
+        scratch = self.scratch() if self.scratch else None
+        if self.as_tuple:
+            self.launch(gx, gy, gz, stream, function, True, 0, metadata, launch_metadata, enter, exit_, scratch, args)
+        else:
+            self.launch(gx, gy, gz, stream, function, True, 0, scratch, None, metadata, launch_metadata, enter, exit_,
+                        *args)
+
+
+def test_direct_launch_calls_the_c_launcher_once_it_has_seen_fixed_arguments(compiled_mode):
+    log: list = []
+    direct = fast_launch.DirectLaunch(FakeLauncher(log), (5, 1, 1), "fn", "meta", (16,))
+    for ptr in (111, 222, 333):
+        assert direct(0, ptr, 7) is True
+    passed = [entry[1] for entry in log if entry[0] == "c"]
+    assert [entry[0] for entry in log] == ["python", "c", "c", "c"]
+    assert direct.calls_c_launcher
+    assert passed == [(5, 1, 1, 1234, "fn", True, 0, None, None, "meta", None, None, None, ptr, 7, 16)
+                      for ptr in (111, 222, 333)]
+
+
+@pytest.mark.parametrize("launcher", ["scratch", "as_tuple"])
+def test_direct_launch_keeps_the_launcher_where_its_c_arguments_may_change(compiled_mode, launcher):
+    """A scratch buffer allocated per call, or arguments handed over in another shape: every call
+    goes through the launcher."""
+    log: list = []
+    run = FakeLauncher(log, scratch=object) if launcher == "scratch" else FakeLauncher(log, as_tuple=True)
+    direct = fast_launch.DirectLaunch(run, (5, 1, 1), "fn", "meta", (16,))
+    for ptr in (111, 222):
+        assert direct(0, ptr, 7) is True
+    assert [entry[0] for entry in log] == ["python", "c", "python", "c"]
+    assert not direct.calls_c_launcher

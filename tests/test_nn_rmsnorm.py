@@ -378,3 +378,61 @@ def test_recomputed_rstd_backward_equals_the_saved_one(has_weight, has_dres):
             torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="only the rows kernel recomputes rstd"):
         _rmsnorm_bwd(x, w, None, dy, dres, eps=1e-5, config=BwdConfig("wide", 1, 512, 4))
+
+
+@pytest.mark.parametrize("shape, has_weight, has_residual", [
+    ((8, 256), True, False), ((2, 3, 128), True, True), ((4, 64), False, True), ((5, 96), False, False)])
+def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape, has_weight, has_residual):
+    """A launch-bound eager call of a signature seen before takes its _SmallCall, which launches
+    with the arguments fixed once. Those must be the arguments the general path gives its direct
+    launches. Direct launches exist only on a GPU, so here they are recorded instead of run,
+    each pointer named by the tensor it points to (tests/gpu/test_nn_gpu.py runs them)."""
+    from kernelbench.nn import rmsnorm_kernels as K
+
+    for cache in ("_fwd_plans", "_bwd_plans", "_small_calls"):
+        monkeypatch.setattr(K, cache, K.PlanCache())
+    monkeypatch.setattr(K, "_direct_launch_device", lambda x: -1)
+    monkeypatch.setattr(K, "_current_device", lambda: -1)
+    recorded = []
+
+    def record(device, *args):
+        recorded.append(args)
+        return True
+
+    def first_or_fallback(self, aligned, args):  # launch through Triton, then bind the recorder
+        self.cached(*args)
+        if aligned:
+            self.direct = record
+
+    monkeypatch.setattr(K._Launch, "first_or_fallback", first_or_fallback)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(shape, generator=gen).requires_grad_(True)
+    w = torch.randn(shape[-1], generator=gen).requires_grad_(True) if has_weight else None
+    r = torch.randn(shape, generator=gen).requires_grad_(True) if has_residual else None
+    dy = torch.randn(shape, generator=gen)
+    dh = torch.randn(shape, generator=gen) if has_residual else None
+    inputs = {"x": x, "w": w, "r": r, "dy": dy, "dh": dh, "rstd": K._scratch_rstd(x.numel() // shape[-1], x)}
+
+    def call():
+        """The launch arguments of one eager forward + backward, pointers named, and its node."""
+        recorded.clear()
+        out = rms_norm(x, w, 1e-5, residual=r, impl="triton")
+        y, h = out if has_residual else (out, None)
+        leaves = [t for t in (x, w, r) if t is not None]
+        grads = torch.autograd.grad([y, h] if has_residual else [y], leaves, [dy, dh] if has_residual else [dy])
+        named = {**inputs, "y": y, "h": h, "dx": grads[0], "dw": grads[1] if has_weight else None}
+        names = {t.data_ptr(): name for name, t in named.items() if t is not None}
+        return [[names.get(a, a) if isinstance(a, int) and a > 2**20 else a for a in args]
+                for args in recorded], y.grad_fn
+
+    call()  # the general path through Triton: binds both plans' launches and the _SmallCall
+    with monkeypatch.context() as general_only:
+        general_only.setattr(K, "_small_call", lambda *args: None)
+        general, node = call()  # the general path's direct launches
+    assert node.small is None and len(general) == 2
+    small, node = call()
+    assert node.small is not None and node.small.bwd is record
+    assert small == general
+    # A gradient laid out otherwise takes the general path.
+    assert node.small.backward(x.detach(), w, dy.t().contiguous().t() if dy.dim() == 2 else dy[..., ::2], dh,
+                               1e-5) is None

@@ -19,7 +19,7 @@ from .rmsnorm_kernels import (
     MAX_N,
     SUPPORTED_DTYPES,
     _check_inputs,
-    _forward,
+    _forward_no_grad,
     _rms_norm_compiled,
     _RMSNormFunction,
     triton_usable,
@@ -100,7 +100,7 @@ def rms_norm(
         return _rms_norm_autograd(x, weight, residual, float(eps))
     # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host
     # time in launch-bound calls).
-    y, h, _ = _forward(x, weight, residual, float(eps), rstd="scratch")
+    y, h = _forward_no_grad(x, weight, residual, float(eps))
     return y if h is None else (y, h)
 
 

@@ -52,7 +52,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
     from ._no_triton import tl, triton
 
 from .._device import sm_count
-from ..fast_launch import CachedLauncher, PlanCache
+from ..fast_launch import CachedLauncher, DirectLaunch, PlanCache
 from . import _inductor_fallbacks
 from ._triton_support import acc_dtype, is_power_of_two, tl_acc, why_not_here
 
@@ -482,6 +482,12 @@ class _Launch:
             self.cached(*args)
 
 
+def _fwd_key(*fields) -> tuple:
+    """A forward plan's key: (m, n, dtype, device, x / y row strides, has residual, residual row
+    stride, weight dtype, config)."""
+    return fields
+
+
 def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = None, rstd=None):
     """y, h (the new residual, or None) and rstd; ``config`` None: ``fwd_config(N)``."""
     m, n = x2d.shape
@@ -496,8 +502,8 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
     device = torch.cuda.current_device() if x2d.is_cuda else -1
     x_stride, y_stride = x2d.stride(0), y.stride(0)
     res_stride = residual2d.stride(0) if residual2d is not None else 0
-    key = (m, n, x2d.dtype, device, x_stride, y_stride, residual2d is not None, res_stride,
-           weight.dtype if weight is not None else None, config)
+    key = _fwd_key(m, n, x2d.dtype, device, x_stride, y_stride, residual2d is not None, res_stride,
+                   weight.dtype if weight is not None else None, config)
     plan = _fwd_plans.get(key)
     if plan is None:
         plan = _fwd_plans.remember(key, _Launch(_fwd_launcher(
@@ -550,6 +556,12 @@ def recomputes_rstd(m: int, n: int) -> bool:
     return n <= _BWD_SINGLE_PASS_MAX_N and m * n <= _ONE_PROGRAM_BWD_MAX_ELEMENTS
 
 
+def _bwd_key(*fields) -> tuple:
+    """A backward plan's key: (m, n, dtype, device, weight dtype, dy dtype, dres dtype, x / dy /
+    dres / dx row strides, recompute, config)."""
+    return fields
+
+
 def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = None, eps: float = 0.0):
     """dx and dw (None without a weight); ``config`` None: ``bwd_config(N)``. ``rstd`` None:
     recomputed from the rows with ``eps`` (the "rows" kernel only)."""
@@ -562,9 +574,9 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     x_stride, dy_stride, dx_stride = x2d.stride(0), dy2d.stride(0), dx.stride(0)
     dres_stride = dres2d.stride(0) if dres2d is not None else 0
     recompute = rstd is None
-    key = (m, n, x2d.dtype, device, weight.dtype if has_weight else None, dy2d.dtype,
-           dres2d.dtype if dres2d is not None else None, x_stride, dy_stride, dres_stride, dx_stride, recompute,
-           config)
+    key = _bwd_key(m, n, x2d.dtype, device, weight.dtype if has_weight else None, dy2d.dtype,
+                   dres2d.dtype if dres2d is not None else None, x_stride, dy_stride, dres_stride, dx_stride,
+                   recompute, config)
     plan = _bwd_plans.get(key)
     if recompute:
         rstd = x2d  # a placeholder pointer: the kernel reads no rstd
@@ -720,18 +732,163 @@ def _forward(x, weight, residual, eps, rstd="keep"):
     return y.view(x.shape), (h.view(x.shape) if h is not None else None), saved
 
 
+# ------------------------------------------------------------------------------------------------
+# Launch-bound eager calls: what every call of one input signature shares, found once
+# ------------------------------------------------------------------------------------------------
+class _SmallCall:
+    """The eager forward and backward of one launch-bound input signature: contiguous rows whose
+    backward is one program recomputing rstd (``recomputes_rstd``). The launches' fixed
+    arguments are found once, so a call does only its allocations, its pointers and one direct
+    launch per direction: where the host decides the speed, Python is most of a call
+    (results/2026-11-24-h100-host-threads/README.md).
+
+    Either direction returns None where its launch cannot be direct (a pointer off a 16-byte
+    boundary, a profiler's launch hooks, a gradient laid out otherwise, the backward's plan not
+    yet bound by a first backward); the caller then takes the general path."""
+
+    __slots__ = ("fwd", "bwd", "bwd_key", "device", "m", "n", "res_stride", "rstd", "rstd_ptr")
+
+    def __init__(self, fwd: DirectLaunch, bwd_key: tuple, device: int, m: int, n: int, has_residual: bool,
+                 rstd: torch.Tensor) -> None:
+        self.fwd, self.bwd, self.bwd_key = fwd, None, bwd_key
+        self.device, self.m, self.n = device, m, n
+        self.res_stride = n if has_residual else 0
+        self.rstd, self.rstd_ptr = rstd, rstd.data_ptr()  # scratch: written, never read
+
+    def forward(self, x, weight, residual, eps):
+        """(y, h or None), or None."""
+        n = self.n
+        y = torch.empty_like(x)
+        xp, yp = x.data_ptr(), y.data_ptr()
+        wp = weight.data_ptr() if weight is not None else xp
+        if residual is None:
+            h, rp, hp = None, xp, yp
+        else:
+            h = torch.empty_like(x)
+            rp, hp = residual.data_ptr(), h.data_ptr()
+        if (xp | wp | rp) & 15 or not self.fwd(self.device, xp, n, rp, self.res_stride, wp, yp, n, hp,
+                                                self.res_stride, self.rstd_ptr, self.m, n, eps):
+            return None
+        return y, h
+
+    def backward(self, normed, weight, dy, dh, eps):
+        """(dx, dw or None), or None."""
+        bwd = self.bwd
+        if bwd is None:
+            plan = _bwd_plans.get(self.bwd_key)
+            if plan is None or not plan.main.direct:
+                return None
+            bwd = self.bwd = plan.main.direct
+        if (dh is None) != (self.res_stride == 0) or dy.dtype != normed.dtype or not dy.is_contiguous() or (
+                dh is not None and not dh.is_contiguous()):
+            return None
+        n = self.n
+        dx = torch.empty_like(normed)
+        xp, dyp, dxp = normed.data_ptr(), dy.data_ptr(), dx.data_ptr()
+        dresp = dh.data_ptr() if dh is not None else dyp
+        if weight is None:
+            dw, wp, dwp = None, xp, xp
+        else:
+            dw = torch.empty_like(weight)
+            wp, dwp = weight.data_ptr(), dw.data_ptr()
+        # The rstd argument is a placeholder: the one program recomputes rstd from the rows.
+        if (dyp | dresp) & 15 or not bwd(self.device, xp, n, wp, dyp, n, dresp, self.res_stride, xp, dxp, n, dwp,
+                                         self.m, n, eps):
+            return None
+        return dx, dw
+
+
+# By (shape, dtype, weight dtype, residual is None, device): a bound _SmallCall, or False where the
+# signature never takes one (too large, no direct launch here).
+_small_calls: PlanCache = PlanCache()
+# The current CUDA device's index, without torch.cuda.current_device's Python (CUDA builds only;
+# called only once a CUDA tensor's _SmallCall was bound).
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def _small_call(x, weight, residual):
+    """The _SmallCall this call can take, or None."""
+    small = _small_calls.get((x.shape, x.dtype, weight.dtype if weight is not None else None, residual is None,
+                              x.get_device()))
+    if (small and x.is_contiguous() and (weight is None or weight.is_contiguous())
+            and (residual is None or residual.is_contiguous()) and _current_device() == small.device):
+        return small
+    return None
+
+
+def _direct_launch_device(x) -> int | None:
+    """The device a direct launch for ``x`` runs on: x's, where it is the current CUDA device (the
+    one Triton compiled the plans' launches for); None where there is none."""
+    if not x.is_cuda:
+        return None
+    device = x.get_device()
+    return device if device == _current_device() else None
+
+
+def _bind_small_call(x, weight, residual) -> None:
+    """After a general call: remember whether this signature takes a _SmallCall, and bind it once
+    the forward plan's direct launch is (its first aligned call binds it)."""
+    key = (x.shape, x.dtype, weight.dtype if weight is not None else None, residual is None, x.get_device())
+    if key in _small_calls:
+        return
+    device = _direct_launch_device(x)
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if device is None or m == 0 or not recomputes_rstd(m, n):
+        _small_calls.remember(key, False)
+        return
+    if not (x.is_contiguous() and (weight is None or weight.is_contiguous())
+            and (residual is None or residual.is_contiguous())):
+        return  # decided by a contiguous call
+    has_residual = residual is not None
+    plan = _fwd_plans.get(_fwd_key(m, n, x.dtype, device, n, n, has_residual, n if has_residual else 0,
+                                   weight.dtype if weight is not None else None, None))
+    if plan is None or plan.direct is None:
+        return  # not bound yet: no aligned call so far
+    if not plan.direct:
+        _small_calls.remember(key, False)
+        return
+    bwd_key = _bwd_key(m, n, x.dtype, device, weight.dtype if weight is not None else None, x.dtype,
+                       x.dtype if has_residual else None, n, n, n if has_residual else 0, n, True, None)
+    _small_calls.remember(key, _SmallCall(plan.direct, bwd_key, device, m, n, has_residual, _scratch_rstd(m, x)))
+
+
+def _forward_no_grad(x, weight, residual, eps):
+    """y and h (None without a residual) of a call nobody differentiates."""
+    small = _small_call(x, weight, residual)
+    out = small.forward(x, weight, residual, eps) if small is not None else None
+    if out is None:
+        y, h, _ = _forward(x, weight, residual, eps, rstd="scratch")
+        _bind_small_call(x, weight, residual)
+        return y, h
+    return out
+
+
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
-        y, h, saved = _forward(x, weight, residual, eps, rstd="eager-backward")
-        ctx.save_for_backward(*saved)
-        ctx.shape, ctx.has_residual, ctx.eps = x.shape, residual is not None, eps
+        small = _small_call(x, weight, residual)
+        out = small.forward(x, weight, residual, eps) if small is not None else None
+        if out is not None:
+            y, h = out
+            ctx.save_for_backward(h if h is not None else x, weight, None)
+        else:
+            small = None
+            y, h, saved = _forward(x, weight, residual, eps, rstd="eager-backward")
+            ctx.save_for_backward(*saved)
+            _bind_small_call(x, weight, residual)
+        ctx.small, ctx.shape, ctx.has_residual, ctx.eps = small, x.shape, residual is not None, eps
         ctx.set_materialize_grads(False)
         return y if h is None else (y, h)
 
     @staticmethod
     def backward(ctx, dy, dh=None):
         normed, weight, rstd = ctx.saved_tensors
+        small = ctx.small
+        grads = small.backward(normed, weight, dy, dh, ctx.eps) if small is not None and dy is not None else None
+        if grads is not None:
+            dx, dw = grads
+            return dx, dw, (dx if ctx.has_residual else None), None
         n = normed.shape[-1]
         dy2d = _as_rows(dy, n) if dy is not None else torch.zeros_like(normed)
         dres2d = _as_rows(dh, n) if dh is not None else None

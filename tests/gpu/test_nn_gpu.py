@@ -162,12 +162,15 @@ def test_rmsnorm_wide_backward_on_gpu(shape, cfg):
 def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
     """A plan's first call goes through Triton and binds its direct launch (pointers as ints);
     later calls, on other tensors of the same shape, take that launch and must give bitwise the
-    same outputs and gradients as the first path. A pointer off a 16-byte boundary takes the
-    general path and is still right."""
+    same outputs and gradients as the first path. Launch-bound shapes take their _SmallCall there
+    (the launches' fixed arguments bound once), and the direct launches call Triton's C launcher.
+    A pointer off a 16-byte boundary takes the general path and is still right."""
     from kernelbench.nn import rmsnorm_kernels as K
 
     K._fwd_plans.clear()
     K._bwd_plans.clear()
+    K._small_calls.clear()
+    small = []  # per call: whether it took a _SmallCall
 
     def run(x, w, r, dys):
         # detach, not clone: a clone would be aligned again
@@ -175,6 +178,7 @@ def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
         r = r.detach().requires_grad_(True) if r is not None else None
         out = rms_norm(x, w, 1e-6, residual=r, impl="triton")
         outs = out if isinstance(out, tuple) else (out,)
+        small.append(outs[0].grad_fn.small is not None)
         torch.autograd.backward(outs, dys[:len(outs)])
         return [t.detach().clone() for t in (*outs, x.grad, w.grad, *((r.grad,) if r is not None else ()))]
 
@@ -190,6 +194,9 @@ def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
         again = run(x, w, r, dys)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
+    assert small == [False] + [K.recomputes_rstd(x.numel() // shape[-1], shape[-1])] * 3
+    assert all(plan.direct.calls_c_launcher for plan in K._fwd_plans.values())
+    assert all(plan.main.direct.calls_c_launcher for plan in K._bwd_plans.values())
     # x two elements (4 bytes) past an aligned start: the general path, the same values.
     flat = torch.empty(x.numel() + 2, device="cuda", dtype=x.dtype)
     shifted = flat[2:].view(shape)
