@@ -12,6 +12,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kb-out}
 WORK=/tmp/kb
+rm -rf "$WORK/reports" "$WORK/logs"  # a machine kept warm would otherwise pack an earlier call's files
 mkdir -p "$OUT" "$WORK/reports" "$WORK/logs"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -55,9 +56,10 @@ for step in "$@"; do
       # earlier commit), for a before / after on one host; its report folder is named after the step
       rest=${step#kbat:}; tree=${rest%%:*}; args=${rest#*:}
       name="step$n-$(basename "$tree")-$(echo "$args" | tr -cs 'A-Za-z0-9' '-' | cut -c1-50)"
-      # shellcheck disable=SC2086
       # Run from inside the tree: python -m puts the working directory first on sys.path.
-      run_step "$name" 550 env -C "$tree" PYTHONPATH="$PWD/$tree${PYTHONPATH#"$PWD"}" python3 -m kernelbench $args \
+      # shellcheck disable=SC2086
+      run_step "$name" 550 env -C "$tree" PYTHONPATH="$PWD/$tree${PYTHONPATH#"$PWD"}" \
+        KERNELBENCH_GIT_SHA="$(basename "$tree")" python3 -m kernelbench $args \
         --output-dir "$WORK/reports/$name" ;;
     py:*) run_step "step$n-py" 550 python3 ${step#py:} ;;
     *) echo "unknown step $step" ;;
