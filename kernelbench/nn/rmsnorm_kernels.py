@@ -779,8 +779,10 @@ class _SmallCall:
             if plan is None or not plan.main.direct:
                 return None
             bwd = self.bwd = plan.main.direct
-        if (dh is None) != (self.res_stride == 0) or dy.dtype != normed.dtype or not dy.is_contiguous() or (
-                dh is not None and not dh.is_contiguous()):
+        # Saved-tensor hooks (offloading, checkpointing) may hand back other tensors than were saved.
+        if (dh is None) != (self.res_stride == 0) or dy.dtype != normed.dtype or not (
+                dy.is_contiguous() and normed.is_contiguous() and (weight is None or weight.is_contiguous())
+                and (dh is None or dh.is_contiguous())):
             return None
         n = self.n
         dx = torch.empty_like(normed)
@@ -791,9 +793,10 @@ class _SmallCall:
         else:
             dw = torch.empty_like(weight)
             wp, dwp = weight.data_ptr(), dw.data_ptr()
+        if (xp | wp | dyp | dresp) & 15:
+            return None
         # The rstd argument is a placeholder: the one program recomputes rstd from the rows.
-        if (dyp | dresp) & 15 or not bwd(self.device, xp, n, wp, dyp, n, dresp, self.res_stride, xp, dxp, n, dwp,
-                                         self.m, n, eps):
+        if not bwd(self.device, xp, n, wp, dyp, n, dresp, self.res_stride, xp, dxp, n, dwp, self.m, n, eps):
             return None
         return dx, dw
 

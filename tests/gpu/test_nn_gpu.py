@@ -2,6 +2,8 @@
 real sizes, the compiled kernels' two-pass paths, the in-place custom op under torch.compile, and
 autoselect measuring on CUDA."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -203,4 +205,38 @@ def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
     shifted.copy_(x)
     assert shifted.data_ptr() % 16 != 0
     for a, b in zip(first, run(shifted, w, r, dys)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_small_call_with_saved_tensor_hooks(residual):
+    """Saved-tensor hooks may hand the backward other tensors than were saved (offloading,
+    checkpointing): here a column-major copy. The launch-bound path then takes the general
+    backward, and the gradients are bitwise those without hooks."""
+    from kernelbench.nn import rmsnorm_kernels as K
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x0 = torch.randn(8, 1024, generator=gen, device="cuda").bfloat16()
+    w0 = (1 + 0.1 * torch.randn(1024, generator=gen, device="cuda")).bfloat16()
+    r0 = torch.randn(8, 1024, generator=gen, device="cuda").bfloat16() if residual else None
+    dy = torch.randn(8, 1024, generator=gen, device="cuda").bfloat16()
+
+    def grads(hooks):
+        x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+        r = r0.clone().requires_grad_(True) if residual else None
+        with hooks:
+            out = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+        y = out[0] if residual else out
+        y.backward(dy)
+        return y.grad_fn.small is not None, [t.grad for t in (x, w, r) if t is not None]
+
+    def column_major(t):
+        return t.t().contiguous().t() if t.dim() == 2 else t
+
+    grads(contextlib.nullcontext())  # binds the plans and the small call
+    small_plain, plain = grads(contextlib.nullcontext())
+    assert small_plain and K.recomputes_rstd(8, 1024)
+    small_hooked, hooked = grads(torch.autograd.graph.saved_tensors_hooks(lambda t: t, column_major))
+    assert small_hooked
+    for a, b in zip(plain, hooked):
         assert torch.equal(a, b)
