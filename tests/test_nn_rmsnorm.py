@@ -433,6 +433,12 @@ def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape
     small, node = call()
     assert node.small is not None and node.small.bwd is record
     assert small == general
-    # A gradient laid out otherwise takes the general path.
-    assert node.small.backward(x.detach(), w, dy.t().contiguous().t() if dy.dim() == 2 else dy[..., ::2], dh,
-                               1e-5) is None
+    # A gradient laid out otherwise takes the general path, on rows of x's width.
+    strided_dy = torch.randn((*shape[:-1], 2 * shape[-1]), generator=gen)[..., ::2]
+    assert node.small.backward(x.detach(), w, strided_dy, dh, 1e-5) is None
+    out = rms_norm(x, w, 1e-5, residual=r, impl="triton")
+    recorded.clear()
+    torch.autograd.backward(out, (strided_dy, dh) if has_residual else strided_dy)
+    (bwd_args,) = recorded
+    normed = out[1] if has_residual else x
+    assert bwd_args[0] == normed.data_ptr() and bwd_args[1] == shape[-1]  # x (or x + residual), as rows

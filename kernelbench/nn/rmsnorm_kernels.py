@@ -892,7 +892,10 @@ class _RMSNormFunction(torch.autograd.Function):
         if grads is not None:
             dx, dw = grads
             return dx, dw, (dx if ctx.has_residual else None), None
+        # Rows again: the small call saves x as given, and saved-tensor hooks may hand back any layout.
         n = normed.shape[-1]
+        normed = _as_rows(normed, n)
+        weight = weight.contiguous() if weight is not None else None
         dy2d = _as_rows(dy, n) if dy is not None else torch.zeros_like(normed)
         dres2d = _as_rows(dh, n) if dh is not None else None
         dx, dw = _rmsnorm_bwd(normed, weight, rstd, dy2d, dres2d, eps=ctx.eps)
