@@ -237,6 +237,45 @@ def test_no_graph_breaks(impl):
     assert "kernelbench.cross_entropy_fwd" in explained.graphs[0].code
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_traced_backward_is_aten_ops_equal_to_the_kernel(reduction, dtype):
+    """Under torch.compile the backward is traced as ATen ops (so Inductor can fuse it with the
+    zero gradient of logits a step also returns); it must give the kernel's gradients, ignored
+    rows and a target outside [0, V) included."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    backward_graphs = []
+
+    def keep_backward(gm, _):
+        backward_graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=keep_backward)
+    gen = torch.Generator().manual_seed(7)
+    logits0 = (3 * torch.randn(2, 5, 40, generator=gen)).to(dtype)
+    targets = torch.randint(0, 40, (2, 5), generator=gen)
+    targets[0, 1] = targets[1, 4] = -100
+    if reduction == "none":
+        targets[1, 2] = 40  # outside [0, V): a NaN loss, the gradient without its one-hot term
+
+    def step(logits):  # returns the logits too, as a training step does
+        loss = cross_entropy(logits, targets, reduction=reduction, impl="triton")
+        return (loss.nansum() if reduction == "none" else loss), logits
+
+    grads = []
+    for f in (torch.compile(step, backend=backend, fullgraph=True), step):
+        logits = logits0.clone().requires_grad_(True)
+        f(logits)[0].backward()
+        grads.append(logits.grad)
+    torch._dynamo.reset()
+    assert "cross_entropy_bwd" not in backward_graphs[0].code
+    atol = 1e-6 if dtype == torch.float32 else 4e-3  # bf16: one rounding of an fp32 value below 1
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=atol)
+    assert torch.equal(grads[0][0, 1], torch.zeros_like(grads[0][0, 1]))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_compiled_matches_eager_without_recompiling(reduction):
     from torch._dynamo.utils import counters

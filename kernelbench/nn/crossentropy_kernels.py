@@ -351,10 +351,30 @@ def _op_setup_context(ctx, inputs, output):
     ctx.ignore_index, ctx.reduction = ignore_index, reduction
 
 
+def _backward_traced(grad, logits, targets, lse, n_valid, ignore_index, reduction):
+    """``_xent_bwd_kernel``'s formula as ATen ops, for a backward traced by torch.compile: Inductor
+    then fuses it with what else the graph adds to dlogits, such as the zero gradient of logits a
+    compiled step also returns, which beside an opaque op costs a pass of its own over M x V
+    (results/2026-11-24-h100-small-call/README.md). Alone it is one pass, like the kernel."""
+    acc = acc_dtype(logits.dtype)
+    g = grad.to(acc)
+    if reduction == "mean":
+        g = g / n_valid
+    g = g.expand(targets.shape).unsqueeze(-1)
+    p = torch.exp(logits.to(acc) - lse.view(targets.shape).unsqueeze(-1))
+    onehot = torch.arange(logits.shape[-1], device=logits.device) == targets.unsqueeze(-1)
+    dx = (p - onehot.to(acc)) * g
+    # Ignored rows: zeros, whatever their lse holds (the forward skips them).
+    return torch.where((targets != ignore_index).unsqueeze(-1), dx, 0.0).to(logits.dtype)
+
+
 def _op_backward(ctx, grad, _dlse, _dn_valid):
     logits, targets, lse, n_valid = ctx.saved_tensors
-    dx = torch.ops.kernelbench.cross_entropy_bwd(grad, logits, targets, lse, n_valid, ctx.ignore_index,
-                                                 ctx.reduction)
+    if torch.compiler.is_compiling():
+        dx = _backward_traced(grad, logits, targets, lse, n_valid, ctx.ignore_index, ctx.reduction)
+    else:
+        dx = torch.ops.kernelbench.cross_entropy_bwd(grad, logits, targets, lse, n_valid, ctx.ignore_index,
+                                                     ctx.reduction)
     return dx, None, None, None
 
 
