@@ -201,19 +201,12 @@ def test_schemas():
     assert str(ops.cross_entropy_fwd.default._schema) == (
         "kernelbench::cross_entropy_fwd(Tensor logits, Tensor targets, SymInt ignore_index, str reduction) "
         "-> (Tensor, Tensor, Tensor)")
-    assert str(ops.cross_entropy_bwd.default._schema) == (
-        "kernelbench::cross_entropy_bwd(Tensor grad, Tensor logits, Tensor targets, Tensor lse, Tensor n_valid, "
-        "SymInt ignore_index, str reduction) -> Tensor")
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_opcheck(reduction):
     logits, targets = make((2, 3, 40), torch.float32, 12, ignored=(1,))
     torch.library.opcheck(torch.ops.kernelbench.cross_entropy_fwd.default, (logits, targets, -100, reduction))
-    with torch.no_grad():
-        loss, lse, n_valid = torch.ops.kernelbench.cross_entropy_fwd(logits, targets, -100, reduction)
-    torch.library.opcheck(torch.ops.kernelbench.cross_entropy_bwd.default,
-                          (torch.randn_like(loss), logits.detach(), targets, lse, n_valid, -100, reduction))
 
 
 def _loss_fn(impl, reduction):
@@ -241,8 +234,8 @@ def test_no_graph_breaks(impl):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_traced_backward_is_aten_ops_equal_to_the_kernel(reduction, dtype):
     """Under torch.compile the backward is traced as ATen ops (so Inductor can fuse it with the
-    zero gradient of logits a step also returns); it must give the kernel's gradients, ignored
-    rows and a target outside [0, V) included."""
+    zero gradient of logits a step also returns); it must give the eager kernel's gradients,
+    ignored rows and a target outside [0, V) included."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -270,7 +263,7 @@ def test_traced_backward_is_aten_ops_equal_to_the_kernel(reduction, dtype):
         f(logits)[0].backward()
         grads.append(logits.grad)
     torch._dynamo.reset()
-    assert "cross_entropy_bwd" not in backward_graphs[0].code
+    assert "kernelbench" not in backward_graphs[0].code and "aten.exp" in backward_graphs[0].code
     atol = 1e-6 if dtype == torch.float32 else 4e-3  # bf16: one rounding of an fp32 value below 1
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=atol)
     assert torch.equal(grads[0][0, 1], torch.zeros_like(grads[0][0, 1]))

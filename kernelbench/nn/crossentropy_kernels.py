@@ -306,8 +306,9 @@ def _forward_no_grad(logits, targets, ignore_index, reduction):
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library custom ops: what torch.compile sees (opaque ops with fakes and an autograd
-# formula, so a model compiles with fullgraph=True; the op bodies run the eager launches)
+# torch.library custom op: what torch.compile sees (an opaque forward with a fake and an
+# autograd formula in ATen ops, so a model compiles with fullgraph=True; the op body runs the
+# eager launches)
 # ------------------------------------------------------------------------------------------------
 @torch.library.custom_op("kernelbench::cross_entropy_fwd", mutates_args=())
 def _cross_entropy_fwd_op(
@@ -329,21 +330,6 @@ def _(logits, targets, ignore_index, reduction):
     return loss, logits.new_empty((targets.numel(),), dtype=acc), n_valid
 
 
-@torch.library.custom_op("kernelbench::cross_entropy_bwd", mutates_args=())
-def _cross_entropy_bwd_op(
-    grad: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, n_valid: torch.Tensor,
-    ignore_index: int, reduction: str,
-) -> torch.Tensor:
-    """dlogits, contiguous, shaped and typed like the logits."""
-    dx = _backward(grad, _as_rows(logits), _as_targets(targets), lse, n_valid, ignore_index, reduction)
-    return dx.view(logits.shape)
-
-
-@_cross_entropy_bwd_op.register_fake
-def _(grad, logits, targets, lse, n_valid, ignore_index, reduction):
-    return logits.new_empty(logits.shape)
-
-
 def _op_setup_context(ctx, inputs, output):
     logits, targets, ignore_index, reduction = inputs
     _, lse, n_valid = output
@@ -351,30 +337,23 @@ def _op_setup_context(ctx, inputs, output):
     ctx.ignore_index, ctx.reduction = ignore_index, reduction
 
 
-def _backward_traced(grad, logits, targets, lse, n_valid, ignore_index, reduction):
-    """``_xent_bwd_kernel``'s formula as ATen ops, for a backward traced by torch.compile: Inductor
-    then fuses it with what else the graph adds to dlogits, such as the zero gradient of logits a
-    compiled step also returns, which beside an opaque op costs a pass of its own over M x V
-    (results/2026-11-24-h100-small-call/README.md). Alone it is one pass, like the kernel."""
+def _op_backward(ctx, grad, _dlse, _dn_valid):
+    """The backward torch.compile traces: ``_xent_bwd_kernel``'s formula as ATen ops, which Inductor
+    fuses with what else the graph adds to dlogits. A compiled step that also returns its logits
+    adds their zero gradient, which beside an opaque op costs a pass of its own over M x V
+    (results/2026-11-24-h100-small-call/README.md); alone the formula is one pass, like the kernel.
+    Eager calls take ``_CrossEntropyFunction`` and the kernel."""
+    logits, targets, lse, n_valid = ctx.saved_tensors
     acc = acc_dtype(logits.dtype)
     g = grad.to(acc)
-    if reduction == "mean":
+    if ctx.reduction == "mean":
         g = g / n_valid
     g = g.expand(targets.shape).unsqueeze(-1)
     p = torch.exp(logits.to(acc) - lse.view(targets.shape).unsqueeze(-1))
     onehot = torch.arange(logits.shape[-1], device=logits.device) == targets.unsqueeze(-1)
     dx = (p - onehot.to(acc)) * g
     # Ignored rows: zeros, whatever their lse holds (the forward skips them).
-    return torch.where((targets != ignore_index).unsqueeze(-1), dx, 0.0).to(logits.dtype)
-
-
-def _op_backward(ctx, grad, _dlse, _dn_valid):
-    logits, targets, lse, n_valid = ctx.saved_tensors
-    if torch.compiler.is_compiling():
-        dx = _backward_traced(grad, logits, targets, lse, n_valid, ctx.ignore_index, ctx.reduction)
-    else:
-        dx = torch.ops.kernelbench.cross_entropy_bwd(grad, logits, targets, lse, n_valid, ctx.ignore_index,
-                                                     ctx.reduction)
+    dx = torch.where((targets != ctx.ignore_index).unsqueeze(-1), dx, 0.0).to(logits.dtype)
     return dx, None, None, None
 
 
@@ -415,7 +394,4 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
 
 
 # Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
-_inductor_fallbacks.declare(
-    torch.ops.kernelbench.cross_entropy_fwd.default,
-    torch.ops.kernelbench.cross_entropy_bwd.default,
-)
+_inductor_fallbacks.declare(torch.ops.kernelbench.cross_entropy_fwd.default)
