@@ -4,7 +4,9 @@ as ``llama-step``'s compiled candidates run it, kernels grouped by name (top N b
 with the step's elapsed time beside the kernels' sum.
 
     python scripts/probes/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
-        [--compile]
+        [--compile] [--impl triton]
+
+``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kernelbench.models.llama import CONFIGS, Llama
+from kernelbench.ops.llama_step import StepSpec
 
 from common import emit, require_cuda
 
@@ -27,6 +30,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--compile", action="store_true", help="the step under torch.compile(fullgraph=True)")
+    parser.add_argument("--impl", default=StepSpec("kernelbench").impl, choices=("auto", "triton", "torch"))
     args = parser.parse_args()
     device = require_cuda("step_profile")
     config = CONFIGS[args.config]
@@ -35,7 +39,7 @@ def main() -> None:
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     for layers in args.layers:
         torch.manual_seed(0)
-        model = Llama(config, layers=layers).to(device, torch.bfloat16)
+        model = Llama(config, layers=layers, impl=args.impl).to(device, torch.bfloat16)
 
         def loss_and_logits(model=model):  # what llama-step times: the logits stay alive
             logits = model(inputs)
@@ -43,7 +47,8 @@ def main() -> None:
 
         forward = loss_and_logits
         if args.compile:
-            loss_and_logits()[0].backward()  # an eager step first: impl="auto" measures its shapes
+            if args.impl == "auto":
+                loss_and_logits()[0].backward()  # an eager step first: impl="auto" measures its shapes
             forward = torch.compile(loss_and_logits, fullgraph=True)
 
         def step(model=model, forward=forward):
@@ -72,7 +77,8 @@ def main() -> None:
                 entry[1] += 1 / 3
         total = sum(v[0] for v in totals.values())
         kind = "compiled" if args.compile else "eager"
-        print(f"== layers={layers} ({kind}): {total:.2f} ms of kernels per step, {elapsed:.2f} ms elapsed")
+        print(f"== layers={layers} impl={args.impl} ({kind}): {total:.2f} ms of kernels per step, "
+              f"{elapsed:.2f} ms elapsed")
         for name, (ms, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
             print(f"{ms:8.3f} ms {count:5.0f}x  {name}")
             emit(layers=layers, compiled=args.compile, kernel=name, ms_per_step=round(ms, 4),
