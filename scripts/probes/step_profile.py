@@ -4,9 +4,12 @@ as ``llama-step``'s compiled candidates run it, kernels grouped by name (top N b
 with the step's elapsed time beside the kernels' sum.
 
     python scripts/probes/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
-        [--compile] [--impl triton]
+        [--compile] [--impl triton] [--steps 3] [--gaps 10]
 
 ``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
+``--gaps N``: where the GPU waits within the profiled steps, the N longest idle stretches between
+two kernels with the kernels on either side, and the CUDA runtime calls that took the host longest
+(a synchronising call there is what lets the GPU run dry).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--compile", action="store_true", help="the step under torch.compile(fullgraph=True)")
     parser.add_argument("--impl", default=StepSpec("kernelbench").impl, choices=("auto", "triton", "torch"))
+    parser.add_argument("--steps", type=int, default=3, help="steps profiled (and timed)")
+    parser.add_argument("--gaps", type=int, default=0, help="report the N longest GPU idle stretches")
     args = parser.parse_args()
     device = require_cuda("step_profile")
     config = CONFIGS[args.config]
@@ -60,21 +65,22 @@ def main() -> None:
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(3):
+        steps = args.steps
+        for _ in range(steps):
             step()
         end.record()
         torch.cuda.synchronize()
-        elapsed = start.elapsed_time(end) / 3
+        elapsed = start.elapsed_time(end) / steps
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
+            for _ in range(steps):
                 step()
             torch.cuda.synchronize()
         totals: dict[str, list[float]] = {}
         for evt in prof.events():
             if evt.device_type == torch.autograd.DeviceType.CUDA:
                 entry = totals.setdefault(evt.name[:90], [0.0, 0])
-                entry[0] += evt.device_time / 3 / 1e3  # ms per step
-                entry[1] += 1 / 3
+                entry[0] += evt.device_time / steps / 1e3  # ms per step
+                entry[1] += 1 / steps
         total = sum(v[0] for v in totals.values())
         kind = "compiled" if args.compile else "eager"
         print(f"== layers={layers} impl={args.impl} ({kind}): {total:.2f} ms of kernels per step, "
@@ -83,6 +89,35 @@ def main() -> None:
             print(f"{ms:8.3f} ms {count:5.0f}x  {name}")
             emit(layers=layers, compiled=args.compile, kernel=name, ms_per_step=round(ms, 4),
                  calls_per_step=round(count, 1))
+        if args.gaps:
+            report_gaps(prof, steps, args.gaps, layers)
+
+
+def report_gaps(prof, steps: int, top: int, layers: str) -> None:
+    """The GPU's idle time between consecutive device events (the profiled steps start from an idle GPU),
+    the longest stretches with their neighbours, and the host's costliest CUDA runtime calls."""
+    device = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    gaps = []
+    busy_until = device[0].time_range.end
+    for before, after in zip(device, device[1:]):
+        busy_until = max(busy_until, before.time_range.end)
+        idle = after.time_range.start - busy_until
+        if idle > 0:
+            gaps.append((idle, before.name[:50], after.name[:50]))
+    idle_ms = sum(g[0] for g in gaps) / steps / 1e3
+    print(f"   GPU idle between kernels: {idle_ms:.3f} ms per step ({len(gaps)} stretches in {steps} steps)")
+    emit(layers=layers, gpu_idle_ms_per_step=round(idle_ms, 4))
+    for idle, before, after in sorted(gaps, reverse=True)[:top]:
+        print(f"   {idle / 1e3:8.3f} ms idle  after {before}  before {after}")
+    runtime: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("cuda"):
+            entry = runtime.setdefault(e.name, [0.0, 0])
+            entry[0] += e.cpu_time_total / steps / 1e3
+            entry[1] += 1 / steps
+    for name, (ms, count) in sorted(runtime.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"   host {ms:8.3f} ms {count:6.0f}x  {name}")
 
 
 if __name__ == "__main__":
