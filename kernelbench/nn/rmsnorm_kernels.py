@@ -931,6 +931,25 @@ def _(x, weight, residual, eps):
     return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=acc_dtype(x.dtype))
 
 
+@torch.library.custom_op("kernelbench::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd_op(
+    dy: torch.Tensor, dh: torch.Tensor | None, normed: torch.Tensor, weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) from the normalised input h (or x); dw is an empty tensor without a weight."""
+    n = normed.shape[-1]
+    dx, dw = _rmsnorm_bwd(_as_rows(normed, n), weight.contiguous() if weight is not None else None, rstd,
+                          _as_rows(dy, n),
+                          _as_rows(dh, n) if dh is not None else None)
+    return dx.view(normed.shape), (dw if dw is not None else normed.new_empty(0))
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, dh, normed, weight, rstd):
+    dw = weight.new_empty(weight.shape) if weight is not None else normed.new_empty(0)
+    return normed.new_empty(normed.shape), dw
+
+
 def _op_setup_context(ctx, inputs, output):
     x, weight, residual, _ = inputs
     _, h, rstd = output
@@ -939,22 +958,11 @@ def _op_setup_context(ctx, inputs, output):
 
 
 def _op_backward(ctx, dy, dh, _drstd):
-    """The backward torch.compile traces: ``_rmsnorm_bwd_kernel``'s formula as ATen ops, which
-    Inductor fuses with the gradient sums around a norm (the q / k / v or gate / up projections'
-    input gradients, the residual stream's); beside an opaque op each sum is a pass of its own
-    (results/2026-11-24-h100-model-step/README.md). Eager calls take ``_RMSNormFunction`` and the
-    kernel."""
     normed, weight, rstd = ctx.saved_tensors
-    acc = rstd.dtype
-    x_hat = normed.to(acc) * rstd.view(*normed.shape[:-1], 1)
-    g = dy.to(acc) if dy is not None else torch.zeros_like(x_hat)
-    gw = g * weight.to(acc) if weight is not None else g
-    dx = (gw - x_hat * (gw * x_hat).mean(-1, keepdim=True)) * rstd.view(*normed.shape[:-1], 1)
-    if ctx.has_residual and dh is not None:
-        dx = dx + dh.to(acc)
-    dx = dx.to(normed.dtype)
-    dw = (g * x_hat).reshape(-1, normed.shape[-1]).sum(0).to(weight.dtype) if weight is not None else None
-    return dx, dw, (dx if ctx.has_residual else None), None
+    if dy is None:
+        dy = torch.zeros_like(normed)
+    dx, dw = torch.ops.kernelbench.rms_norm_bwd(dy, dh if ctx.has_residual else None, normed, weight, rstd)
+    return dx, (dw if weight is not None else None), (dx if ctx.has_residual else None), None
 
 
 _rms_norm_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
@@ -1006,4 +1014,5 @@ def triton_usable(x: torch.Tensor) -> str | None:
 # Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
 _inductor_fallbacks.declare(
     torch.ops.kernelbench.rms_norm_fwd.default,
+    torch.ops.kernelbench.rms_norm_bwd.default,
 )

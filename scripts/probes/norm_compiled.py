@@ -4,8 +4,8 @@ op compiled, kernelbench eager and torch's layers compiled, at a model's shape a
 
     python scripts/probes/norm_compiled.py [--shapes 8192x2048 32768x4096] [--iters 20]
 
-The compiled backward of kernelbench's op is Inductor code (the kernel's formula in ATen ops);
-this shows what that costs where Inductor has no gradient sums to fuse into it.
+The gradients of y and h are given, so no gradient sum around the norm is in the timed work:
+what it shows is each backward's own kernels (``results/2026-11-24-h100-model-step``).
 """
 
 from __future__ import annotations
