@@ -4,7 +4,7 @@ as ``llama-step``'s compiled candidates run it, kernels grouped by name (top N b
 with the step's elapsed time beside the kernels' sum.
 
     python scripts/probes/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
-        [--compile] [--impl triton] [--steps 3] [--gaps 10]
+        [--compile] [--impl triton] [--steps 3] [--rounds 1] [--gaps 10]
 
 ``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
 ``--gaps N``: where the GPU waits within the profiled steps, the N longest idle stretches between
@@ -34,7 +34,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--compile", action="store_true", help="the step under torch.compile(fullgraph=True)")
     parser.add_argument("--impl", default=StepSpec("kernelbench").impl, choices=("auto", "triton", "torch"))
-    parser.add_argument("--steps", type=int, default=3, help="steps profiled (and timed)")
+    parser.add_argument("--steps", type=int, default=3, help="steps profiled, and per timed round")
+    parser.add_argument("--rounds", type=int, default=1, help="timed rounds, the layer sets alternated")
     parser.add_argument("--gaps", type=int, default=0, help="report the N longest GPU idle stretches")
     args = parser.parse_args()
     device = require_cuda("step_profile")
@@ -42,35 +43,23 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), generator=gen, device=device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    for layers in args.layers:
-        torch.manual_seed(0)
-        model = Llama(config, layers=layers, impl=args.impl).to(device, torch.bfloat16)
-
-        def loss_and_logits(model=model):  # what llama-step times: the logits stay alive
-            logits = model(inputs)
-            return model.layer_set.loss(logits, targets), logits
-
-        forward = loss_and_logits
-        if args.compile:
-            if args.impl == "auto":
-                loss_and_logits()[0].backward()  # an eager step first: impl="auto" measures its shapes
-            forward = torch.compile(loss_and_logits, fullgraph=True)
-
-        def step(model=model, forward=forward):
-            model.zero_grad(set_to_none=True)
-            forward()[0].backward()
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        steps = args.steps
-        for _ in range(steps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        elapsed = start.elapsed_time(end) / steps
+    steps = args.steps
+    built = {layers: build_step(config, layers, args.impl, args.compile, inputs, targets) for layers in args.layers}
+    # Elapsed time per step: each layer set's `steps` steps back to back, the sets alternated
+    # `--rounds` times so that clock drift hits them alike; the median round is kept.
+    elapsed: dict[str, list[float]] = {layers: [] for layers in built}
+    for _ in range(args.rounds):
+        for layers, step in built.items():
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                step()
+            end.record()
+            torch.cuda.synchronize()
+            elapsed[layers].append(start.elapsed_time(end) / steps)
+    kind = "compiled" if args.compile else "eager"
+    for layers, step in built.items():
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 step()
@@ -82,15 +71,43 @@ def main() -> None:
                 entry[0] += evt.device_time / steps / 1e3  # ms per step
                 entry[1] += 1 / steps
         total = sum(v[0] for v in totals.values())
-        kind = "compiled" if args.compile else "eager"
+        rounds = sorted(elapsed[layers])
+        median = rounds[len(rounds) // 2]
         print(f"== layers={layers} impl={args.impl} ({kind}): {total:.2f} ms of kernels per step, "
-              f"{elapsed:.2f} ms elapsed")
+              f"{median:.2f} ms elapsed (median of {len(rounds)} rounds of {steps} steps: "
+              f"{', '.join(f'{r:.2f}' for r in elapsed[layers])})")
+        emit(layers=layers, compiled=args.compile, kernel_ms_per_step=round(total, 4),
+             elapsed_ms_per_step=round(median, 4), elapsed_rounds=[round(r, 4) for r in elapsed[layers]])
         for name, (ms, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
             print(f"{ms:8.3f} ms {count:5.0f}x  {name}")
             emit(layers=layers, compiled=args.compile, kernel=name, ms_per_step=round(ms, 4),
                  calls_per_step=round(count, 1))
         if args.gaps:
             report_gaps(prof, steps, args.gaps, layers)
+
+
+def build_step(config, layers: str, impl: str, compiled: bool, inputs, targets):
+    """One fwd+bwd step of a fresh model with these layers, warmed up (and compiled)."""
+    torch.manual_seed(0)
+    model = Llama(config, layers=layers, impl=impl).to(inputs.device, torch.bfloat16)
+
+    def loss_and_logits():  # what llama-step times: the logits stay alive
+        logits = model(inputs)
+        return model.layer_set.loss(logits, targets), logits
+
+    forward = loss_and_logits
+    if compiled:
+        if impl == "auto":
+            loss_and_logits()[0].backward()  # an eager step first: impl="auto" measures its shapes
+        forward = torch.compile(loss_and_logits, fullgraph=True)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        forward()[0].backward()
+
+    for _ in range(3):
+        step()
+    return step
 
 
 def report_gaps(prof, steps: int, top: int, layers: str) -> None:
