@@ -268,9 +268,9 @@ def _telemetry_rows(op: Op, workload: Workload, mode: str, name: str, case) -> l
     return rows
 
 
-# A call whose enqueueing takes the host at least this share of the device time may have kept the
-# GPU waiting for launches (the L2 flush before it gives the host a head start of its own
-# duration): its figure may include launch overhead, as do_bench's would.
+# A call whose enqueueing (from an empty launch queue) takes the host at least this share of the
+# device time may have kept the GPU waiting for launches (the L2 flush before it gives the host a
+# head start of its own duration): its figure may include launch overhead, as do_bench's would.
 HOST_BOUND_SHARE = 0.7
 
 
@@ -298,7 +298,7 @@ def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Sta
     ]
     if device == "cuda":
         rows.append(_row(op, workload, mode, name, "host_enqueue_ms", host_ms, "ms", OK,
-                         "median host time to enqueue one call" + (
+                         "median host time to enqueue one call, from an empty launch queue" + (
                              f" (>= {HOST_BOUND_SHARE:.0%} of the device time: launch overhead may be in the figure)"
                              if host_bound else "")))
     if anchor is not None and name != op.speed_anchor:

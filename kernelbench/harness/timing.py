@@ -26,7 +26,8 @@ MIN_FLUSH_BYTES = 256 * 2**20
 class Sample(NamedTuple):
     """Per-rep device (or host-clock) times in ms, the mode, and the median host time spent
     enqueueing one call (ms): when that approaches the device time, the GPU waited for the host
-    and the figure includes launch overhead (the runner flags such rows ``host-bound``)."""
+    and the figure includes launch overhead (the runner flags such rows ``host-bound``). On CUDA
+    it is measured from an empty launch queue (:func:`issue_ms`)."""
 
     times: list[float]
     mode: str
@@ -95,13 +96,33 @@ def time_cuda(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
         prepare()
         fn()
     timer = RepTimer("cuda", reserve=n_reps)
-    host = []
     for _ in range(n_reps):
         prepare()
         flush()
-        host.append(timer(fn))
+        timer(fn)
     times = timer.times_ms()
-    return Sample(times, "cuda-events" + (", L2 flushed" if config.flush_l2 else ", warm L2"), _median(host))
+    return Sample(times, "cuda-events" + (", L2 flushed" if config.flush_l2 else ", warm L2"),
+                  issue_ms(fn, prepare, flush))
+
+
+ISSUE_REPS = 3
+
+
+def issue_ms(fn: Callable[[], None], prepare: Callable[[], None] = _no_prep,
+             flush: Callable[[], None] = _no_prep) -> float:
+    """Median host time (ms) to issue one call, each of ISSUE_REPS calls started from an empty
+    launch queue. Back to back, a call of many launches soon finds the queue full and waits there
+    for the GPU, which would read as host time (a model step would look host-bound)."""
+    times = []
+    for _ in range(ISSUE_REPS):
+        prepare()
+        flush()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return _median(times)
 
 
 def _time_cuda_graph(fn: Callable[[], None], prepare: Callable[[], None], config: TimingConfig) -> Sample:
