@@ -1,0 +1,93 @@
+"""Pilot: RMSNorm's forward kernel as a ``torch.library.triton_op`` (Inductor launches the Triton
+kernel itself) against the custom op kernelbench ships (a Python op per call), inside a compiled
+graph of ``--chain`` norms on ``--shape`` bf16 rows (no grad).
+
+Checks that the triton_op compiles (the kernel's dtype constexpr ACC and its float ``eps``), that its
+output equals the eager kernel's bit for bit, and times the host's cost per norm: the compiled
+chain issued into an empty launch queue, divided by the chain's length.
+
+    python scripts/probes/triton_op_pilot.py [--shape 4096x256] [--chain 20] [--reps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+import kernelbench.nn.rmsnorm_kernels as K
+from kernelbench.nn._triton_support import tl_acc
+
+from common import emit, require_cuda
+
+
+@triton_op("kernelbench_pilot::rms_norm_fwd", mutates_args=())
+def pilot_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    m, n = x.shape
+    config = K.fwd_config(n)
+    y = torch.empty_like(x)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    wrap_triton(K._rmsnorm_fwd_kernel)[(triton.cdiv(m, config.block_m),)](
+        x, x.stride(0), x, 0, weight, y, y.stride(0), y, 0, rstd, m, n, eps,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, SINGLE_PASS=config.single_pass,
+        HAS_RESIDUAL=False, HAS_WEIGHT=True, ACC=tl_acc(x.dtype),
+        EARLY_WEIGHT=config.single_pass and config.early_weight, num_warps=config.num_warps,
+    )
+    return y
+
+
+def shipped_rms_norm(x, weight, eps):
+    return torch.ops.kernelbench.rms_norm_fwd(x, weight, None, eps)[0]
+
+
+def host_ms_per_call(fn, x, w, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(x, w)
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="4096x256")
+    parser.add_argument("--chain", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args()
+    device = require_cuda("triton_op_pilot")
+    m, n = (int(v) for v in args.shape.split("x"))
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(m, n, generator=gen, device=device).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
+    want = K._forward(x, w, None, 1e-6)[0]
+    for name, norm in (("triton_op", pilot_rms_norm), ("shipped custom op", shipped_rms_norm)):
+        def chain(x, w, norm=norm):
+            for _ in range(args.chain):
+                x = norm(x, w, 1e-6)
+            return x
+
+        try:
+            compiled = torch.compile(chain, fullgraph=True)
+            with torch.no_grad():
+                one = torch.compile(lambda x, w, norm=norm: norm(x, w, 1e-6), fullgraph=True)(x, w)
+                compiled(x, w)
+                per_call = host_ms_per_call(compiled, x, w, args.reps) / args.chain
+        except Exception as exc:  # the pilot's finding is also what fails
+            print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            emit(case=name, error=f"{type(exc).__name__}: {str(exc)[:500]}")
+            continue
+        equal = torch.equal(one, want)
+        print(f"{name}: output equal to the eager kernel's: {equal}; host time per norm in the compiled "
+              f"chain: {per_call * 1e3:.1f} us")
+        emit(case=name, equal=equal, host_us_per_norm=round(per_call * 1e3, 2))
+
+
+if __name__ == "__main__":
+    main()
