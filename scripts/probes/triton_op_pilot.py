@@ -1,6 +1,7 @@
 """Pilot: RMSNorm's forward kernel as a ``torch.library.triton_op`` (Inductor launches the Triton
-kernel itself) against the custom op kernelbench ships (a Python op per call), inside a compiled
-graph of ``--chain`` norms on ``--shape`` bf16 rows (no grad).
+kernel itself) against the custom op kernelbench ships (a Python op per call) and the same body
+behind a bare ``torch.library.Library`` kernel, inside a compiled graph of ``--chain`` norms on
+``--shape`` bf16 rows (no grad).
 
 Checks that the triton_op compiles (the kernel's dtype constexpr ACC and its float ``eps``), that its
 output equals the eager kernel's bit for bit, and times the host's cost per norm: the compiled
@@ -44,6 +45,18 @@ def shipped_rms_norm(x, weight, eps):
     return torch.ops.kernelbench.rms_norm_fwd(x, weight, None, eps)[0]
 
 
+# The shipped op's body behind a bare torch.library kernel: no torch.library Python wrappers
+# (autograd kernel, alias check, Dynamo-disable), to split the shipped op's host cost.
+_bare = torch.library.Library("kernelbench_pilot", "FRAGMENT")
+_bare.define("rms_norm_fwd_bare(Tensor x, Tensor weight, float eps) -> Tensor")
+_bare.impl("rms_norm_fwd_bare", lambda x, weight, eps: K._forward(x, weight, None, eps)[0], "CUDA")
+torch.library.register_fake("kernelbench_pilot::rms_norm_fwd_bare", lambda x, weight, eps: torch.empty_like(x))
+
+
+def bare_rms_norm(x, weight, eps):
+    return torch.ops.kernelbench_pilot.rms_norm_fwd_bare(x, weight, eps)
+
+
 def host_ms_per_call(fn, x, w, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -67,7 +80,8 @@ def main() -> None:
     x = torch.randn(m, n, generator=gen, device=device).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
     want = K._forward(x, w, None, 1e-6)[0]
-    for name, norm in (("triton_op", pilot_rms_norm), ("shipped custom op", shipped_rms_norm)):
+    for name, norm in (("triton_op", pilot_rms_norm), ("shipped custom op", shipped_rms_norm),
+                       ("bare Library op", bare_rms_norm)):
         def chain(x, w, norm=norm):
             for _ in range(args.chain):
                 x = norm(x, w, 1e-6)
