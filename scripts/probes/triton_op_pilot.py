@@ -7,7 +7,7 @@ Checks that the triton_op compiles (the kernel's dtype constexpr ACC and its flo
 output equals the eager kernel's bit for bit, and times the host's cost per norm: the compiled
 chain issued into an empty launch queue, divided by the chain's length.
 
-    python scripts/probes/triton_op_pilot.py [--shape 4096x256] [--chain 20] [--reps 50]
+    python scripts/probes/triton_op_pilot.py [--shape 4096x256] [--chain 20] [--reps 50] [--weight-requires-grad]
 """
 
 from __future__ import annotations
@@ -73,13 +73,18 @@ def main() -> None:
     parser.add_argument("--shape", default="4096x256")
     parser.add_argument("--chain", type=int, default=20)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--weight-requires-grad", action="store_true",
+                        help="the weight requires grad (still run under no_grad), as a model's parameters in a "
+                             "compiled training graph: each op call then also passes the Autograd dispatch key")
     args = parser.parse_args()
     device = require_cuda("triton_op_pilot")
     m, n = (int(v) for v in args.shape.split("x"))
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m, n, generator=gen, device=device).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
-    want = K._forward(x, w, None, 1e-6)[0]
+    w.requires_grad_(args.weight_requires_grad)
+    with torch.no_grad():
+        want = K._forward(x, w, None, 1e-6)[0]
     for name, norm in (("triton_op", pilot_rms_norm), ("shipped custom op", shipped_rms_norm),
                        ("bare Library op", bare_rms_norm)):
         def chain(x, w, norm=norm):
