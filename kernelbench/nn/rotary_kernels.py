@@ -304,7 +304,8 @@ class _RotaryFunction(torch.autograd.Function):
 # torch.library custom op: what torch.compile sees (fake and autograd formula registered; the
 # body runs the same launch as eager)
 # ------------------------------------------------------------------------------------------------
-def _rotary_body(
+@torch.library.custom_op("kernelbench::rotary", mutates_args=())
+def _rotary_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offsets: torch.Tensor | None,
     position_offset: int, interleaved: bool, bshd: bool, backward: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,9 +314,6 @@ def _rotary_body(
     _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved, backward=backward,
             copy_pass=True, layout="bshd" if bshd else "bhsd")
     return q_out, k_out
-
-
-_rotary_op = torch.library.custom_op("kernelbench::rotary", _rotary_body, mutates_args=())
 
 
 @_rotary_op.register_fake
@@ -434,4 +432,6 @@ def _(q, k, cos, sin, offsets, position_offset, interleaved, bshd) -> None:
 
 
 # Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
-_inductor_fallbacks.declare(torch.ops.kernelbench.rotary.default, _rotary_body)
+_inductor_fallbacks.declare(
+    torch.ops.kernelbench.rotary.default,
+)

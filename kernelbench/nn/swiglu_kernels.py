@@ -194,12 +194,10 @@ class _SiluMulFunction(torch.autograd.Function):
 # torch.library custom ops: what torch.compile sees (opaque ops with fakes and an autograd
 # formula, so a model compiles with fullgraph=True; the op bodies run the same launches as eager)
 # ------------------------------------------------------------------------------------------------
-def _silu_mul_fwd_body(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op("kernelbench::silu_mul_fwd", mutates_args=())
+def _silu_mul_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, contiguous."""
     return silu_mul_fwd(gate, up)
-
-
-_silu_mul_fwd_op = torch.library.custom_op("kernelbench::silu_mul_fwd", _silu_mul_fwd_body, mutates_args=())
 
 
 @_silu_mul_fwd_op.register_fake
@@ -210,12 +208,10 @@ def _(gate, up):
     return gate.new_empty(gate.shape)
 
 
-def _silu_mul_bwd_body(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op("kernelbench::silu_mul_bwd", mutates_args=())
+def _silu_mul_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup), contiguous."""
     return silu_mul_bwd(dy, gate, up)
-
-
-_silu_mul_bwd_op = torch.library.custom_op("kernelbench::silu_mul_bwd", _silu_mul_bwd_body, mutates_args=())
 
 
 @_silu_mul_bwd_op.register_fake
@@ -255,5 +251,7 @@ def check_inputs(gate: torch.Tensor, up: torch.Tensor) -> None:
 
 
 # Inductor runs these ops through fallbacks registered up front (see _inductor_fallbacks).
-_inductor_fallbacks.declare(torch.ops.kernelbench.silu_mul_fwd.default, _silu_mul_fwd_body)
-_inductor_fallbacks.declare(torch.ops.kernelbench.silu_mul_bwd.default, _silu_mul_bwd_body)
+_inductor_fallbacks.declare(
+    torch.ops.kernelbench.silu_mul_fwd.default,
+    torch.ops.kernelbench.silu_mul_bwd.default,
+)
