@@ -30,23 +30,19 @@ class RepTimer:
             self._spare += [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                             for _ in range(n)]
 
-    def __call__(self, fn: Callable[[], object]) -> float:
-        """Run ``fn`` once, timed; return the host time it took to issue (ms)."""
+    def __call__(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` once, timed."""
         if not self.cuda:
             t0 = time.perf_counter()
             fn()
-            elapsed = (time.perf_counter() - t0) * 1e3
-            self._reps.append(elapsed)
-            return elapsed
+            self._reps.append((time.perf_counter() - t0) * 1e3)
+            return
         start, end = self._spare.pop() if self._spare else (
             torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         start.record()
-        t0 = time.perf_counter()
         fn()
-        host = (time.perf_counter() - t0) * 1e3
         end.record()
         self._reps.append((start, end))
-        return host
 
     def times_ms(self) -> list[float]:
         """Each rep's time in ms (device time on CUDA), in the order they ran."""
