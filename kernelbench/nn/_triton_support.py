@@ -4,6 +4,9 @@ code uses (accumulation dtype, power-of-two block checks).
 
 Traced calls ask through ``torch.compiler.assume_constant_result`` functions: Dynamo runs them once
 at trace time and bakes their answer into the graph, so no environment lookup is traced.
+
+``compiled_op`` registers the ops torch.compile sees: ``torch.library.triton_op``s, whose bodies
+launch through ``wrap_triton`` so Inductor launches the kernels from its own generated code.
 """
 
 from __future__ import annotations
@@ -61,6 +64,39 @@ def require_const(is_cuda: bool, caller: str) -> bool:
     else:
         return True
     raise ValueError(f"{caller}: {why}; use impl='torch' or impl='auto'")
+
+
+def _identity(kernel):
+    return kernel
+
+
+if HAVE_TRITON and hasattr(torch.library, "triton_op") and not interpreter():
+    from torch.library import wrap_triton
+
+    def compiled_op(name: str, *, mutates_args) -> Callable:
+        """``torch.library.triton_op``: under torch.compile the body is traced, so Inductor sees the
+        Triton launches and makes them from its generated code, without a Python op call per launch
+        (the host time that decides small compiled steps, results/2026-11-24-h100-triton-ops)."""
+        return torch.library.triton_op(name, mutates_args=mutates_args)
+else:
+    # The Triton interpreter runs kernels on CPU tensors, which a trace cannot launch (and torch
+    # before 2.6 has no triton_op): an opaque custom op with the same body, launching directly.
+    wrap_triton = _identity
+
+    def compiled_op(name: str, *, mutates_args) -> Callable:
+        """An opaque ``torch.library.custom_op`` whose body launches the kernels directly."""
+        return torch.library.custom_op(name, mutates_args=mutates_args)
+
+
+def real_stand_ins(args: list) -> list:
+    """``args`` for compiling a kernel, also while tracing: each tensor (real, fake or functional)
+    as a small real one of its dtype on its device (16-byte aligned, as the launches it stands for
+    are), each symbolic int as its example value. A compiled kernel depends on nothing else."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return [torch.empty(16, dtype=a.dtype, device=a.device) if isinstance(a, torch.Tensor)
+                else (a.node.hint if isinstance(a, torch.SymInt) else a) for a in args]
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

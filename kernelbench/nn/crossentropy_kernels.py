@@ -42,7 +42,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
-from ._triton_support import acc_dtype, is_power_of_two, tl_acc
+from ._triton_support import acc_dtype, compiled_op, is_power_of_two, tl_acc, wrap_triton
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -233,19 +233,23 @@ def _launcher(key: tuple, make) -> CachedLauncher:
 
 
 def _forward(x2d: torch.Tensor, t1d: torch.Tensor, ignore_index: int, reduction: str,
-             config: XentConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             config: XentConfig | None = None, *,
+             traced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, lse, n_valid): loss (M,) for "none", else a scalar; lse (M,); n_valid a scalar
-    ("mean" / "sum") or an empty tensor ("none")."""
+    ("mean" / "sum") or an empty tensor ("none"). ``traced``: launch through ``wrap_triton`` (the
+    op's body, which torch.compile traces) instead of the cached launchers."""
     m, v = x2d.shape
     acc = acc_dtype(x2d.dtype)
     lse = torch.empty(m, dtype=acc, device=x2d.device)
     loss_rows = torch.empty(m, dtype=acc, device=x2d.device)
     if m:
         cfg = config or fwd_config(v)
-        launch = _launcher(("fwd", m, v, x2d.dtype, x2d.device, cfg), lambda: CachedLauncher(
-            _xent_fwd_kernel, (m,), BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=tl_acc(x2d.dtype),
-            num_warps=cfg.num_warps))
-        launch(x2d, x2d.stride(0), t1d, loss_rows, lse, v, ignore_index)
+        args = (x2d, x2d.stride(0), t1d, loss_rows, lse, v, ignore_index)
+        if traced:
+            wrap_triton(_xent_fwd_kernel)[(m,)](*args, **_fwd_meta(cfg, x2d.dtype))
+        else:
+            _launcher(("fwd", m, v, x2d.dtype, x2d.device, cfg), lambda: CachedLauncher(
+                _xent_fwd_kernel, (m,), **_fwd_meta(cfg, x2d.dtype)))(*args)
     if reduction == "none":
         return loss_rows, lse, lse.new_empty(0)
     if not m:
@@ -253,12 +257,22 @@ def _forward(x2d: torch.Tensor, t1d: torch.Tensor, ignore_index: int, reduction:
         return torch.full((), empty, dtype=acc, device=x2d.device), lse, torch.zeros((), dtype=acc, device=x2d.device)
     loss = torch.empty((), dtype=acc, device=x2d.device)
     n_valid = torch.empty((), dtype=acc, device=x2d.device)
-    block_m = min(_REDUCE_BLOCK_M, triton.next_power_of_2(m))
-    launch = _launcher(("reduce", m, x2d.dtype, x2d.device, reduction), lambda: CachedLauncher(
-        _xent_reduce_kernel, (1,), MEAN=reduction == "mean", BLOCK_M=block_m, ACC=tl_acc(x2d.dtype),
-        num_warps=max(1, min(16, block_m // 256))))
-    launch(loss_rows, t1d, loss, n_valid, m, ignore_index)
+    args = (loss_rows, t1d, loss, n_valid, m, ignore_index)
+    if traced:
+        wrap_triton(_xent_reduce_kernel)[(1,)](*args, **_reduce_meta(m, x2d.dtype, reduction))
+    else:
+        _launcher(("reduce", m, x2d.dtype, x2d.device, reduction), lambda: CachedLauncher(
+            _xent_reduce_kernel, (1,), **_reduce_meta(m, x2d.dtype, reduction)))(*args)
     return loss, lse, n_valid
+
+
+def _fwd_meta(cfg: XentConfig, dtype: torch.dtype) -> dict:
+    return dict(BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=tl_acc(dtype), num_warps=cfg.num_warps)
+
+
+def _reduce_meta(m: int, dtype: torch.dtype, reduction: str) -> dict:
+    block_m = min(_REDUCE_BLOCK_M, triton.next_power_of_2(m))
+    return dict(MEAN=reduction == "mean", BLOCK_M=block_m, ACC=tl_acc(dtype), num_warps=max(1, min(16, block_m // 256)))
 
 
 def _backward(grad: torch.Tensor, x2d: torch.Tensor, t1d: torch.Tensor, lse: torch.Tensor,
@@ -306,16 +320,16 @@ def _forward_no_grad(logits, targets, ignore_index, reduction):
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library custom op: what torch.compile sees (an opaque forward with a fake and an
-# autograd formula in ATen ops, so a model compiles with fullgraph=True; the op body runs the
-# eager launches)
+# The op torch.compile sees (``compiled_op``: a triton_op, so Inductor launches the kernels from
+# its generated code), with a fake and an autograd formula in ATen ops, so a model compiles with
+# fullgraph=True
 # ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("kernelbench::cross_entropy_fwd", mutates_args=())
+@compiled_op("kernelbench::cross_entropy_fwd", mutates_args=())
 def _cross_entropy_fwd_op(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, lse, n_valid); lse of shape (M,), n_valid a scalar (empty for "none")."""
-    loss, lse, n_valid = _forward(_as_rows(logits), _as_targets(targets), ignore_index, reduction)
+    loss, lse, n_valid = _forward(_as_rows(logits), _as_targets(targets), ignore_index, reduction, traced=True)
     return (loss.view(targets.shape) if reduction == "none" else loss), lse, n_valid
 
 
@@ -361,7 +375,7 @@ _cross_entropy_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_co
 
 
 def _cross_entropy_compiled(logits, targets, ignore_index, reduction):
-    """The path taken under torch.compile: one custom op, lse and n_valid kept for the backward."""
+    """The path taken under torch.compile: one op, lse and n_valid kept for the backward."""
     loss, _, _ = torch.ops.kernelbench.cross_entropy_fwd(logits, targets, ignore_index, reduction)
     return loss
 

@@ -54,7 +54,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 from .._device import sm_count
 from ..fast_launch import CachedLauncher, DirectLaunch, PlanCache
 from . import _inductor_fallbacks
-from ._triton_support import acc_dtype, is_power_of_two, tl_acc, why_not_here
+from ._triton_support import acc_dtype, compiled_op, is_power_of_two, real_stand_ins, tl_acc, why_not_here, wrap_triton
 
 MAX_N = 65536
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
@@ -184,6 +184,7 @@ def _rmsnorm_fwd_kernel(
     EARLY_WEIGHT: tl.constexpr,  # single pass: load the weight together with x
 ):
     # One row block per program and no loop (as liger's forward): nothing loop-carried.
+    eps = tl.cast(eps, ACC)  # a traced launch (Inductor) passes a Python float as fp64
     cols = tl.arange(0, BLOCK_N)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -539,13 +540,28 @@ def _fwd_launcher(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> C
     )
 
 
-class _BwdPlan(NamedTuple):
-    main: _Launch  # _rmsnorm_bwd_kernel (which takes eps too) or _rmsnorm_bwd_wide_kernel
+class _BwdSpec(NamedTuple):
+    """The backward's launches for one (shape, dtypes, config): what the eager plan caches as
+    launchers and what the traced op launches through ``wrap_triton``."""
+
+    kernel: str  # the main kernel, BwdConfig.kernel: "wide" is _rmsnorm_bwd_wide_kernel, else _rmsnorm_bwd_kernel
+    grid: tuple  # the main kernel's: (row programs,)
+    meta: dict  # the main kernel's compile-time arguments
     partial_rows: int  # rows of the fp32 dw partial buffer (0: none, no weight or one program)
-    dw_columns: CachedLauncher | None  # _rmsnorm_dw_kernel, which writes the partials (two passes)
-    rows_per_split: int  # rows each dw_columns program sums
-    sum_rows: CachedLauncher | None  # _sum_rows_kernel: partials -> dw (None: no partials)
-    takes_eps: bool  # the main kernel's arguments end in eps
+    dw_columns: tuple | None  # (grid, meta) of _rmsnorm_dw_kernel, which writes the partials (two passes)
+    rows_per_split: int  # rows each _rmsnorm_dw_kernel program sums
+    sum_rows: tuple | None  # (grid, meta) of _sum_rows_kernel: partials -> dw (None: no partials)
+
+    @property
+    def takes_eps(self) -> bool:  # the main kernel's arguments end in eps
+        return self.kernel != "wide"
+
+
+class _BwdPlan(NamedTuple):
+    spec: _BwdSpec
+    main: _Launch
+    dw_columns: CachedLauncher | None
+    sum_rows: CachedLauncher | None
 
 
 def recomputes_rstd(m: int, n: int) -> bool:
@@ -599,7 +615,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     if has_weight and plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
         dw = out = torch.empty_like(weight)
     elif has_weight:
-        dw, out = None, torch.empty((plan.partial_rows, n), dtype=acc_dtype(x2d.dtype), device=x2d.device)
+        dw, out = None, torch.empty((plan.spec.partial_rows, n), dtype=acc_dtype(x2d.dtype), device=x2d.device)
     else:
         dw = out = None
     main_out = out if plan.dw_columns is None and out is not None else rstd
@@ -609,22 +625,34 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     outp = main_out.data_ptr()
     aligned = not (xp | dyp | sp | dxp | wp | dresp | outp) & 15
     direct = plan.main.direct
-    tail = (m, n, eps) if plan.takes_eps else (m, n)
+    tail = (m, n, eps) if plan.spec.takes_eps else (m, n)
     if not (aligned and direct and direct(device, xp, x_stride, wp, dyp, dy_stride, dresp, dres_stride, sp,
                                           dxp, dx_stride, outp, *tail)):
         args = tensor_args(main_out)  # built only off the direct path
-        plan.main.first_or_fallback(aligned, [*args, eps] if plan.takes_eps else args)
+        plan.main.first_or_fallback(aligned, [*args, eps] if plan.spec.takes_eps else args)
     if plan.sum_rows is None:
         return dx, dw
     partial = out
     if plan.dw_columns is not None:
-        plan.dw_columns(x2d, x_stride, dy2d, dy_stride, rstd, partial, m, n, plan.rows_per_split)
+        plan.dw_columns(x2d, x_stride, dy2d, dy_stride, rstd, partial, m, n, plan.spec.rows_per_split)
     dw = torch.empty_like(weight)
-    plan.sum_rows(partial, dw, plan.partial_rows, n)
+    plan.sum_rows(partial, dw, plan.spec.partial_rows, n)
     return dx, dw
 
 
 def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = False) -> _BwdPlan:
+    spec = _bwd_spec(args, has_weight, has_dres, config, recompute)
+    main = _rmsnorm_bwd_wide_kernel if spec.kernel == "wide" else _rmsnorm_bwd_kernel
+    return _BwdPlan(
+        spec, _Launch(CachedLauncher(main, spec.grid, **spec.meta)),
+        CachedLauncher(_rmsnorm_dw_kernel, spec.dw_columns[0], **spec.dw_columns[1]) if spec.dw_columns else None,
+        CachedLauncher(_sum_rows_kernel, spec.sum_rows[0], **spec.sum_rows[1]) if spec.sum_rows else None,
+    )
+
+
+def _bwd_spec(args, has_weight, has_dres, config: BwdConfig, recompute: bool = False) -> _BwdSpec:
+    """``args``: the main kernel's runtime arguments without eps (traced ones too: the occupancy
+    query compiles the kernel for stand-ins of their dtypes)."""
     x2d = args[0]
     m, n = x2d.shape
     sms = sm_count(x2d.device)
@@ -634,7 +662,6 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = F
             f"rmsnorm BwdConfig: the {config.kernel} kernel needs block_n >= N, got {config.block_n} < {n}")
     if recompute and config.kernel != "rows":
         raise ValueError(f"rmsnorm backward: only the rows kernel recomputes rstd, not {config.kernel!r}")
-    takes_eps = config.kernel != "wide"
     if config.kernel == "wide":
         kernel = _rmsnorm_bwd_wide_kernel
         meta = dict(BLOCK_N=config.block_n, HAS_DRES=has_dres, HAS_WEIGHT=has_weight, ACC=acc,
@@ -652,11 +679,9 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = F
     row_programs = min(triton.cdiv(m, config.block_m), max(1, programs_per_sm * sms))
     if config.kernel == "rows" and not config.programs_per_sm and m * n <= _ONE_PROGRAM_BWD_MAX_ELEMENTS:
         row_programs = 1
-    main = _Launch(CachedLauncher(kernel, (row_programs,), **meta))
-    if not has_weight:
-        return _BwdPlan(main, 0, None, 0, None, takes_eps)
-    if config.kernel == "rows" and row_programs == 1:  # the one program's share is dw: written directly
-        return _BwdPlan(main, 0, None, 0, None, takes_eps)
+    spec = _BwdSpec(config.kernel, (row_programs,), meta, 0, None, 0, None)
+    if not has_weight or (config.kernel == "rows" and row_programs == 1):
+        return spec  # no dw, or the one program's share is dw: written directly
     dw_columns, rows_per_split, partial_rows = None, 0, row_programs
     if config.kernel == "two-pass":
         dw_block_n = 256
@@ -664,11 +689,10 @@ def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = F
         dw_splits = max(1, min(triton.cdiv(m, 32), 4 * sms // col_blocks))
         rows_per_split = triton.cdiv(m, dw_splits)
         partial_rows = triton.cdiv(m, rows_per_split)
-        dw_columns = CachedLauncher(_rmsnorm_dw_kernel, (col_blocks, partial_rows),
-                                    BLOCK_R=32, BLOCK_N=dw_block_n, ACC=acc, num_warps=16)
-    sum_rows = CachedLauncher(_sum_rows_kernel, (triton.cdiv(n, 64),),
-                              BLOCK_P=64, BLOCK_N=64, ACC=acc, num_warps=8)
-    return _BwdPlan(main, partial_rows, dw_columns, rows_per_split, sum_rows, takes_eps)
+        dw_columns = ((col_blocks, partial_rows), dict(BLOCK_R=32, BLOCK_N=dw_block_n, ACC=acc, num_warps=16))
+    sum_rows = ((triton.cdiv(n, 64),), dict(BLOCK_P=64, BLOCK_N=64, ACC=acc, num_warps=8))
+    return spec._replace(partial_rows=partial_rows, dw_columns=dw_columns, rows_per_split=rows_per_split,
+                         sum_rows=sum_rows)
 
 
 _resident_cache: dict = {}
@@ -685,7 +709,7 @@ def _resident_per_sm(kernel, args: list, meta: dict, like: torch.Tensor) -> int:
     if key not in _resident_cache:
         warps = meta["num_warps"]
         try:
-            compiled = kernel.warmup(*args, grid=(1,), **meta)
+            compiled = kernel.warmup(*real_stand_ins(args), grid=(1,), **meta)
             compiled._init_handles()
             props = torch.cuda.get_device_properties(like.device)
             regs = getattr(props, "regs_per_multiprocessor", 65536)
@@ -906,16 +930,38 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library custom ops: what torch.compile sees (an opaque op with a fake and an autograd
-# formula, so a model compiles with fullgraph=True; the op body runs the same launches as eager)
+# The ops torch.compile sees (``compiled_op``: triton_ops, so Inductor launches the kernels from
+# its generated code), with fakes and an autograd formula so a model compiles with
+# fullgraph=True. Their bodies are traceable: plain allocations and ``wrap_triton`` launches of
+# the eager path's kernels and configs, so compiled results equal eager ones bit for bit.
 # ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("kernelbench::rms_norm_fwd", mutates_args=())
+@compiled_op("kernelbench::rms_norm_fwd", mutates_args=())
 def _rms_norm_fwd_op(
     x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, h, rstd): h = x + residual (an empty tensor without a residual), rstd of shape (M,)."""
-    y, h, saved = _forward(x, weight, residual, eps)
-    return y, (h if h is not None else x.new_empty(0)), saved[2]
+    n = x.shape[-1]
+    x2d = _as_rows(x, n)
+    res2d = _as_rows(residual, n) if residual is not None else None
+    w = weight.contiguous() if weight is not None else None
+    m = x2d.shape[0]
+    y = torch.empty_like(x2d)
+    h = torch.empty_like(x2d) if res2d is not None else x.new_empty(0)
+    rstd = x.new_empty((m,), dtype=acc_dtype(x.dtype))
+    if m:
+        config = fwd_config(n)
+        wrap_triton(_rmsnorm_fwd_kernel)[(triton.cdiv(m, config.block_m),)](
+            x2d, x2d.stride(0),
+            res2d if res2d is not None else x2d, res2d.stride(0) if res2d is not None else 0,
+            w if w is not None else x2d,
+            y, y.stride(0),
+            h if res2d is not None else y, h.stride(0) if res2d is not None else 0,
+            rstd, m, n, eps,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, SINGLE_PASS=config.single_pass,
+            HAS_RESIDUAL=res2d is not None, HAS_WEIGHT=w is not None, ACC=tl_acc(x.dtype),
+            EARLY_WEIGHT=config.single_pass and config.early_weight, num_warps=config.num_warps,
+        )
+    return y.view(x.shape), (h.view(x.shape) if res2d is not None else h), rstd
 
 
 @_rms_norm_fwd_op.register_fake
@@ -931,17 +977,41 @@ def _(x, weight, residual, eps):
     return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=acc_dtype(x.dtype))
 
 
-@torch.library.custom_op("kernelbench::rms_norm_bwd", mutates_args=())
+@compiled_op("kernelbench::rms_norm_bwd", mutates_args=())
 def _rms_norm_bwd_op(
     dy: torch.Tensor, dh: torch.Tensor | None, normed: torch.Tensor, weight: torch.Tensor | None,
     rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) from the normalised input h (or x); dw is an empty tensor without a weight."""
     n = normed.shape[-1]
-    dx, dw = _rmsnorm_bwd(_as_rows(normed, n), weight.contiguous() if weight is not None else None, rstd,
-                          _as_rows(dy, n),
-                          _as_rows(dh, n) if dh is not None else None)
-    return dx.view(normed.shape), (dw if dw is not None else normed.new_empty(0))
+    x2d, dy2d = _as_rows(normed, n), _as_rows(dy, n)
+    dres2d = _as_rows(dh, n) if dh is not None else None
+    w = weight.contiguous() if weight is not None else None
+    m = x2d.shape[0]
+    dx = torch.empty_like(x2d)
+    if not m:
+        return dx.view(normed.shape), (torch.zeros_like(weight) if w is not None else normed.new_empty(0))
+    args = [x2d, x2d.stride(0), w if w is not None else x2d, dy2d, dy2d.stride(0),
+            dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
+            rstd, dx, dx.stride(0)]
+    spec = _bwd_spec([*args, rstd, m, n], w is not None, dres2d is not None, bwd_config(n))
+    if w is None:
+        dw = out = normed.new_empty(0)
+    elif spec.sum_rows is None:  # one program writes dw itself
+        dw = out = torch.empty_like(w)
+    else:
+        dw, out = torch.empty_like(w), x2d.new_empty((spec.partial_rows, n), dtype=acc_dtype(x2d.dtype))
+    main_out = out if spec.dw_columns is None and w is not None else rstd
+    if spec.kernel == "wide":
+        wrap_triton(_rmsnorm_bwd_wide_kernel)[spec.grid](*args, main_out, m, n, **spec.meta)
+    else:
+        wrap_triton(_rmsnorm_bwd_kernel)[spec.grid](*args, main_out, m, n, 0.0, **spec.meta)
+    if spec.dw_columns is not None:
+        wrap_triton(_rmsnorm_dw_kernel)[spec.dw_columns[0]](
+            x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, out, m, n, spec.rows_per_split, **spec.dw_columns[1])
+    if spec.sum_rows is not None:
+        wrap_triton(_sum_rows_kernel)[spec.sum_rows[0]](out, dw, spec.partial_rows, n, **spec.sum_rows[1])
+    return dx.view(normed.shape), dw
 
 
 @_rms_norm_bwd_op.register_fake

@@ -41,6 +41,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 
 from ..fast_launch import CachedLauncher
 from . import _inductor_fallbacks
+from ._triton_support import compiled_op, wrap_triton
 
 STYLES = ("half", "interleaved")
 LAYOUTS = ("bhsd", "bshd")
@@ -248,18 +249,36 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
     if launch is None:
         if len(_launchers) >= _MAX_LAUNCHERS:
             del _launchers[next(iter(_launchers))]
-        launch = _launchers[key] = _launcher(*key)
-    launch(
+        grid, meta = _launch_spec(*key)
+        launch = _launchers[key] = CachedLauncher(_rotary_kernel, grid, **meta)
+    launch(*_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout))
+
+
+def _traced_launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
+                   layout):
+    """``_launch``'s default launch as a traceable ``wrap_triton`` call (the ops' bodies)."""
+    batch, hq, seq, dim = _bhsd_shape(q, layout)
+    grid, meta = _launch_spec(batch, hq, _bhsd_shape(k, layout)[1], seq, dim, cos.shape[-1], q.dtype, None,
+                              interleaved, backward, copy_pass, offsets is not None, None)
+    wrap_triton(_rotary_kernel)[grid](*_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout),
+                                      **meta)
+
+
+def _launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout) -> list:
+    """The rotary kernel's runtime arguments."""
+    hq, seq, dim = _bhsd_shape(q, layout)[1:]
+    return [
         q, *_bhsd_strides(q, layout), k, *_bhsd_strides(k, layout),
         q_out, *_bhsd_strides(q_out, layout), k_out, *_bhsd_strides(k_out, layout),
         cos, cos.stride(0), sin, sin.stride(0),
         offsets if offsets is not None else cos, position_offset,
-        hq, hk, seq, dim,
-    )
+        hq, _bhsd_shape(k, layout)[1], seq, dim,
+    ]
 
 
-def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
-              config) -> CachedLauncher:
+def _launch_spec(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, backward, copy_pass, has_offsets,
+                 config) -> tuple[tuple, dict]:
+    """(grid, compile-time arguments) of the rotary kernel's launch."""
     half = rot // 2
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     block_half = triton.next_power_of_2(half)
@@ -268,8 +287,7 @@ def _launcher(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved, ba
     block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
     head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
     grid = (triton.cdiv(seq, block_s), batch * head_blocks)
-    return CachedLauncher(
-        _rotary_kernel, grid,
+    return grid, dict(
         HALF=half, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         INTERLEAVED=interleaved, BACKWARD=backward, HAS_OFFSETS=has_offsets,
         COPY_PASS=copy_pass and dim > 2 * half, EVEN=even, ACC=acc, num_warps=num_warps,
@@ -301,18 +319,19 @@ class _RotaryFunction(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library custom op: what torch.compile sees (fake and autograd formula registered; the
-# body runs the same launch as eager)
+# The ops torch.compile sees (``compiled_op``: triton_ops, so Inductor launches the kernel from
+# its generated code), fake and autograd formula registered; the bodies make eager's launch
+# traceably
 # ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("kernelbench::rotary", mutates_args=())
+@compiled_op("kernelbench::rotary", mutates_args=())
 def _rotary_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offsets: torch.Tensor | None,
     position_offset: int, interleaved: bool, bshd: bool, backward: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated (q, k), new tensors; ``backward`` rotates by the transposed matrix (gradients)."""
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved, backward=backward,
-            copy_pass=True, layout="bshd" if bshd else "bhsd")
+    _traced_launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, interleaved=interleaved,
+                   backward=backward, copy_pass=True, layout="bshd" if bshd else "bhsd")
     return q_out, k_out
 
 
@@ -414,14 +433,14 @@ def _offsets_for_kernel(position_offset, device) -> tuple[torch.Tensor | None, i
     return None, int(position_offset)
 
 
-@torch.library.custom_op("kernelbench::rotary_", mutates_args=("q", "k"))
+@compiled_op("kernelbench::rotary_", mutates_args=("q", "k"))
 def _rotary_inplace_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     offsets: torch.Tensor | None, position_offset: int, interleaved: bool, bshd: bool,
 ) -> None:
     # In place: each program loads its x1 / x2 before storing them; pass-through dims stay as they are.
-    _launch(q, k, q, k, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
-            copy_pass=False, layout="bshd" if bshd else "bhsd")
+    _traced_launch(q, k, q, k, cos, sin, offsets, position_offset, interleaved=interleaved, backward=False,
+                   copy_pass=False, layout="bshd" if bshd else "bhsd")
 
 
 @_rotary_inplace_op.register_fake

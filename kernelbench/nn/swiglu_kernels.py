@@ -34,7 +34,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
-from ._triton_support import tl_acc
+from ._triton_support import compiled_op, tl_acc, wrap_triton
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -145,11 +145,16 @@ def _launcher(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: 
     key = (numel, like.dtype, like.get_device(), config)
     launch = plans.get(key)
     if launch is None:
-        cfg = config or default_config(like.element_size())
-        launch = CachedLauncher(kernel, (triton.cdiv(numel, cfg.block),), BLOCK=cfg.block,
-                                EVEN=numel % cfg.block == 0, ACC=tl_acc(like.dtype), num_warps=cfg.num_warps)
-        plans.remember(key, launch)
+        grid, meta = _launch_spec(numel, like, config)
+        launch = plans.remember(key, CachedLauncher(kernel, grid, **meta))
     return launch
+
+
+def _launch_spec(numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> tuple[tuple, dict]:
+    """(grid, compile-time arguments) of either kernel's launch over ``numel`` elements."""
+    cfg = config or default_config(like.element_size())
+    return (triton.cdiv(numel, cfg.block),), dict(BLOCK=cfg.block, EVEN=numel % cfg.block == 0,
+                                                   ACC=tl_acc(like.dtype), num_warps=cfg.num_warps)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -191,13 +196,20 @@ class _SiluMulFunction(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library custom ops: what torch.compile sees (opaque ops with fakes and an autograd
-# formula, so a model compiles with fullgraph=True; the op bodies run the same launches as eager)
+# The ops torch.compile sees (``compiled_op``: triton_ops, so Inductor launches the kernels from
+# its generated code), with fakes and an autograd formula so a model compiles with
+# fullgraph=True; the bodies make eager's launches traceably
 # ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("kernelbench::silu_mul_fwd", mutates_args=())
+@compiled_op("kernelbench::silu_mul_fwd", mutates_args=())
 def _silu_mul_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, contiguous."""
-    return silu_mul_fwd(gate, up)
+    gate, up = _flat(gate), _flat(up)
+    out = torch.empty_like(gate)
+    numel = gate.numel()
+    if numel:
+        grid, meta = _launch_spec(numel, gate, None)
+        wrap_triton(_silu_mul_fwd_kernel)[grid](gate, up, out, numel, **meta)
+    return out
 
 
 @_silu_mul_fwd_op.register_fake
@@ -208,10 +220,16 @@ def _(gate, up):
     return gate.new_empty(gate.shape)
 
 
-@torch.library.custom_op("kernelbench::silu_mul_bwd", mutates_args=())
+@compiled_op("kernelbench::silu_mul_bwd", mutates_args=())
 def _silu_mul_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup), contiguous."""
-    return silu_mul_bwd(dy, gate, up)
+    dy, gate, up = _flat(dy), _flat(gate), _flat(up)
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    numel = gate.numel()
+    if numel:
+        grid, meta = _launch_spec(numel, gate, None)
+        wrap_triton(_silu_mul_bwd_kernel)[grid](dy, gate, up, dgate, dup, numel, **meta)
+    return dgate, dup
 
 
 @_silu_mul_bwd_op.register_fake
