@@ -88,6 +88,23 @@ else:
         return torch.library.custom_op(name, mutates_args=mutates_args)
 
 
+def static_int(v) -> int:
+    """A size that decides a launch configuration, as an int. In an op body traced with dynamic
+    shapes a symbolic size is specialized here (a guard on its value): meant for sizes a model
+    fixes (hidden size, heads, head and vocabulary dims), not batch or sequence."""
+    return v if isinstance(v, int) else int(v)
+
+
+def capped_power_of_two(v, cap: int) -> int:
+    """min(next power of two >= v, cap), cap a power of two. A symbolic v (an op body traced with
+    dynamic shapes) costs one guard when it reaches the cap, and is specialized below it."""
+    if not isinstance(v, int):
+        if v * 2 > cap:
+            return cap
+        v = int(v)
+    return min(triton.next_power_of_2(v), cap)
+
+
 def real_stand_ins(args: list) -> list:
     """``args`` for compiling a kernel, also while tracing: each tensor (real, fake or functional)
     as a small real one of its dtype on its device (16-byte aligned, as the launches it stands for

@@ -42,7 +42,15 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch"
 
 from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
-from ._triton_support import acc_dtype, compiled_op, is_power_of_two, tl_acc, wrap_triton
+from ._triton_support import (
+    acc_dtype,
+    capped_power_of_two,
+    compiled_op,
+    is_power_of_two,
+    static_int,
+    tl_acc,
+    wrap_triton,
+)
 
 # fp64 is computed in fp64 throughout (for gradcheck); the others in fp32.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -243,7 +251,7 @@ def _forward(x2d: torch.Tensor, t1d: torch.Tensor, ignore_index: int, reduction:
     lse = torch.empty(m, dtype=acc, device=x2d.device)
     loss_rows = torch.empty(m, dtype=acc, device=x2d.device)
     if m:
-        cfg = config or fwd_config(v)
+        cfg = config or fwd_config(static_int(v))  # the vocabulary: specialized under dynamic shapes
         args = (x2d, x2d.stride(0), t1d, loss_rows, lse, v, ignore_index)
         if traced:
             wrap_triton(_xent_fwd_kernel)[(m,)](*args, **_fwd_meta(cfg, x2d.dtype))
@@ -271,7 +279,7 @@ def _fwd_meta(cfg: XentConfig, dtype: torch.dtype) -> dict:
 
 
 def _reduce_meta(m: int, dtype: torch.dtype, reduction: str) -> dict:
-    block_m = min(_REDUCE_BLOCK_M, triton.next_power_of_2(m))
+    block_m = capped_power_of_two(m, _REDUCE_BLOCK_M)
     return dict(MEAN=reduction == "mean", BLOCK_M=block_m, ACC=tl_acc(dtype), num_warps=max(1, min(16, block_m // 256)))
 
 

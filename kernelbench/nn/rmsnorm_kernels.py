@@ -54,7 +54,16 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 from .._device import sm_count
 from ..fast_launch import CachedLauncher, DirectLaunch, PlanCache
 from . import _inductor_fallbacks
-from ._triton_support import acc_dtype, compiled_op, is_power_of_two, real_stand_ins, tl_acc, why_not_here, wrap_triton
+from ._triton_support import (
+    acc_dtype,
+    compiled_op,
+    is_power_of_two,
+    real_stand_ins,
+    static_int,
+    tl_acc,
+    why_not_here,
+    wrap_triton,
+)
 
 MAX_N = 65536
 # fp64 is accepted too and computed in fp64 throughout (for gradcheck); the others use fp32.
@@ -949,7 +958,7 @@ def _rms_norm_fwd_op(
     h = torch.empty_like(x2d) if res2d is not None else x.new_empty(0)
     rstd = x.new_empty((m,), dtype=acc_dtype(x.dtype))
     if m:
-        config = fwd_config(n)
+        config = fwd_config(static_int(n))  # the hidden size: specialized under dynamic shapes
         wrap_triton(_rmsnorm_fwd_kernel)[(triton.cdiv(m, config.block_m),)](
             x2d, x2d.stride(0),
             res2d if res2d is not None else x2d, res2d.stride(0) if res2d is not None else 0,
@@ -994,7 +1003,7 @@ def _rms_norm_bwd_op(
     args = [x2d, x2d.stride(0), w if w is not None else x2d, dy2d, dy2d.stride(0),
             dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
             rstd, dx, dx.stride(0)]
-    spec = _bwd_spec([*args, rstd, m, n], w is not None, dres2d is not None, bwd_config(n))
+    spec = _bwd_spec([*args, rstd, m, n], w is not None, dres2d is not None, bwd_config(static_int(n)))
     if w is None:
         dw = out = normed.new_empty(0)
     elif spec.sum_rows is None:  # one program writes dw itself

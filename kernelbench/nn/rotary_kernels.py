@@ -28,7 +28,6 @@ The public functions (``apply_rotary``, ``apply_rotary_``) and the PyTorch refer
 
 from __future__ import annotations
 
-import functools
 from dataclasses import astuple, dataclass
 
 import torch
@@ -41,7 +40,7 @@ except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (au
 
 from ..fast_launch import CachedLauncher
 from . import _inductor_fallbacks
-from ._triton_support import compiled_op, wrap_triton
+from ._triton_support import capped_power_of_two, compiled_op, static_int, wrap_triton
 
 STYLES = ("half", "interleaved")
 LAYOUTS = ("bhsd", "bshd")
@@ -70,12 +69,12 @@ class RotaryConfig:
                 raise ValueError(f"rotary RotaryConfig: {name} must be a power of two, got {value}")
 
 
-@functools.cache
 def rotary_config(hq: int, hk: int, seq: int, half: int) -> RotaryConfig:
-    """The default launch for q / k with hq / hk heads, seq positions, rotary_dim = 2 * half."""
+    """The default launch for q / k with hq / hk heads, seq positions (symbolic in a body traced
+    with dynamic shapes), rotary_dim = 2 * half."""
     block_h = _DEFAULT_BLOCK_H if hq % _DEFAULT_BLOCK_H == 0 and hk % _DEFAULT_BLOCK_H == 0 else 1
     block_half = triton.next_power_of_2(half)
-    block_s = max(1, min(triton.next_power_of_2(seq), _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
+    block_s = capped_power_of_two(seq, max(1, _ELEMENTS_PER_PROGRAM // (2 * block_h * block_half)))
     return RotaryConfig(block_h, block_s, _DEFAULT_NUM_WARPS)
 
 
@@ -258,8 +257,10 @@ def _traced_launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, in
                    layout):
     """``_launch``'s default launch as a traceable ``wrap_triton`` call (the ops' bodies)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
-    grid, meta = _launch_spec(batch, hq, _bhsd_shape(k, layout)[1], seq, dim, cos.shape[-1], q.dtype, None,
-                              interleaved, backward, copy_pass, offsets is not None, None)
+    # Heads and dims are the model's (specialized under dynamic shapes); batch and seq may vary.
+    grid, meta = _launch_spec(batch, static_int(hq), static_int(_bhsd_shape(k, layout)[1]), seq, static_int(dim),
+                              static_int(cos.shape[-1]), q.dtype, None, interleaved, backward, copy_pass,
+                              offsets is not None, None)
     wrap_triton(_rotary_kernel)[grid](*_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout),
                                       **meta)
 
@@ -283,7 +284,7 @@ def _launch_spec(batch, hq, hk, seq, dim, rot, dtype, device_index, interleaved,
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     block_half = triton.next_power_of_2(half)
     block_h, block_s, num_warps = astuple(config or rotary_config(hq, hk, seq, half))
-    even = seq % block_s == 0 and hq % block_h == 0 and hk % block_h == 0 and block_half == half
+    even = bool(seq % block_s == 0) and hq % block_h == 0 and hk % block_h == 0 and block_half == half
     block_pass = triton.next_power_of_2(max(1, dim - 2 * half))
     head_blocks = triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h)
     grid = (triton.cdiv(seq, block_s), batch * head_blocks)

@@ -153,7 +153,7 @@ def _launcher(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: 
 def _launch_spec(numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> tuple[tuple, dict]:
     """(grid, compile-time arguments) of either kernel's launch over ``numel`` elements."""
     cfg = config or default_config(like.element_size())
-    return (triton.cdiv(numel, cfg.block),), dict(BLOCK=cfg.block, EVEN=numel % cfg.block == 0,
+    return (triton.cdiv(numel, cfg.block),), dict(BLOCK=cfg.block, EVEN=bool(numel % cfg.block == 0),
                                                    ACC=tl_acc(like.dtype), num_warps=cfg.num_warps)
 
 

@@ -151,3 +151,39 @@ def test_cross_entropy_compiled_loss_equals_eager():
     # The compiled backward is the kernel's formula in ATen ops (fused by Inductor): close, not equal.
     err = ((got[1][0].float() - want[1][0].float()).norm() / want[1][0].float().norm()).item()
     assert err < 1e-2, err
+
+
+def test_dynamic_shapes_trace_and_match_eager():
+    """torch.compile(dynamic=True) with two sequence lengths: the op bodies trace with symbolic
+    batch and sequence sizes (the model's dims specialized), one graph serves both, and the
+    results match eager."""
+    from torch._dynamo.utils import counters
+
+    hidden, heads, kv_heads, head_dim = 256, 4, 2, 64
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(hidden, generator=gen, device="cuda").requires_grad_(True)
+
+    def fn(x, r, q, k, cos, sin, targets):
+        y, h = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+        qr, kr = apply_rotary(q, k, cos, sin, impl="triton")
+        return cross_entropy(silu_mul(y, h), targets), qr, kr
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+    counters.clear()
+    for seq in (1024, 2048):
+        x, r = (torch.randn(4, seq, hidden, generator=gen, device="cuda").requires_grad_(True) for _ in range(2))
+        q = torch.randn(4, heads, seq, head_dim, generator=gen, device="cuda").requires_grad_(True)
+        k = torch.randn(4, kv_heads, seq, head_dim, generator=gen, device="cuda").requires_grad_(True)
+        angles = torch.rand(seq, head_dim, generator=gen, device="cuda") * 6
+        targets = torch.randint(0, hidden, (4, seq), generator=gen, device="cuda")
+        results = []
+        for run in (compiled, fn):
+            for t in (x, r, q, k, w):
+                t.grad = None
+            out = run(x, r, q, k, angles.cos(), angles.sin(), targets)
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+            results.append([o.detach() for o in out] + [t.grad.clone() for t in (x, r, q, k, w)])
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert not counters["recompiles"], dict(counters["recompiles"])
