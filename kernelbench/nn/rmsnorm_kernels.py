@@ -516,8 +516,8 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
                    weight.dtype if weight is not None else None, config)
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans.remember(key, _Launch(_fwd_launcher(
-            m, n, x2d.dtype, residual2d is not None, weight is not None, config or fwd_config(n))))
+        grid, meta = _fwd_spec(m, n, x2d.dtype, residual2d is not None, weight is not None, config or fwd_config(n))
+        plan = _fwd_plans.remember(key, _Launch(CachedLauncher(_rmsnorm_fwd_kernel, grid, **meta)))
     xp, yp, sp = x2d.data_ptr(), y.data_ptr(), rstd.data_ptr()
     wp = weight.data_ptr() if weight is not None else xp
     rp = residual2d.data_ptr() if residual2d is not None else xp
@@ -527,22 +527,28 @@ def _rmsnorm_fwd(x2d, weight, residual2d, eps, *, config: FwdConfig | None = Non
     if aligned and direct and direct(device, xp, x_stride, rp, res_stride, wp, yp, y_stride, hp,
                                      h.stride(0) if h is not None else 0, sp, m, n, eps):
         return y, h, rstd
-    plan.first_or_fallback(aligned, (
-        x2d, x_stride,
-        residual2d if residual2d is not None else x2d, res_stride,
-        weight if weight is not None else x2d,
-        y, y_stride,
-        h if h is not None else y, h.stride(0) if h is not None else 0,
-        rstd, m, n, eps,
-    ))
+    plan.first_or_fallback(aligned, _fwd_args(x2d, residual2d, weight, y, h, rstd, eps))
     return y, h, rstd
 
 
-def _fwd_launcher(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> CachedLauncher:
+def _fwd_args(x2d, res2d, weight, y, h, rstd, eps) -> tuple:
+    """The forward kernel's runtime arguments; placeholders (never read) for absent tensors."""
+    m, n = x2d.shape
+    return (
+        x2d, x2d.stride(0),
+        res2d if res2d is not None else x2d, res2d.stride(0) if res2d is not None else 0,
+        weight if weight is not None else x2d,
+        y, y.stride(0),
+        h if h is not None else y, h.stride(0) if h is not None else 0,
+        rstd, m, n, eps,
+    )
+
+
+def _fwd_spec(m, n, dtype, has_residual, has_weight, config: FwdConfig) -> tuple[tuple, dict]:
+    """(grid, compile-time arguments) of the forward kernel's launch."""
     if config.single_pass and config.block_n < n:
         raise ValueError(f"rmsnorm FwdConfig: a single pass needs block_n >= N, got {config.block_n} < {n}")
-    return CachedLauncher(
-        _rmsnorm_fwd_kernel, (triton.cdiv(m, config.block_m),),
+    return (triton.cdiv(m, config.block_m),), dict(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, SINGLE_PASS=config.single_pass,
         HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ACC=tl_acc(dtype),
         EARLY_WEIGHT=config.single_pass and config.early_weight, num_warps=config.num_warps,
@@ -605,22 +611,9 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     plan = _bwd_plans.get(key)
     if recompute:
         rstd = x2d  # a placeholder pointer: the kernel reads no rstd
-
-    def tensor_args(main_out):  # the main kernel's runtime arguments, tensors as tensors
-        return [
-            x2d, x_stride,
-            weight if has_weight else x2d,
-            dy2d, dy_stride,
-            dres2d if dres2d is not None else dy2d, dres_stride,
-            rstd,
-            dx, dx_stride,
-            main_out,  # dw, its fp32 partials, or a placeholder where the main kernel writes none
-            m, n,
-        ]
-
     if plan is None:
-        plan = _bwd_plans.remember(key, _bwd_plan(tensor_args(rstd), has_weight, dres2d is not None,
-                                                  config or bwd_config(n), recompute))
+        plan = _bwd_plans.remember(key, _bwd_plan(_bwd_args(x2d, weight, dy2d, dres2d, rstd, dx, rstd), has_weight,
+                                                  dres2d is not None, config or bwd_config(n), recompute))
     if has_weight and plan.sum_rows is None:  # one program: it writes dw (in the weight's dtype) itself
         dw = out = torch.empty_like(weight)
     elif has_weight:
@@ -637,7 +630,7 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     tail = (m, n, eps) if plan.spec.takes_eps else (m, n)
     if not (aligned and direct and direct(device, xp, x_stride, wp, dyp, dy_stride, dresp, dres_stride, sp,
                                           dxp, dx_stride, outp, *tail)):
-        args = tensor_args(main_out)  # built only off the direct path
+        args = _bwd_args(x2d, weight, dy2d, dres2d, rstd, dx, main_out)  # built only off the direct path
         plan.main.first_or_fallback(aligned, [*args, eps] if plan.spec.takes_eps else args)
     if plan.sum_rows is None:
         return dx, dw
@@ -647,6 +640,22 @@ def _rmsnorm_bwd(x2d, weight, rstd, dy2d, dres2d, *, config: BwdConfig | None = 
     dw = torch.empty_like(weight)
     plan.sum_rows(partial, dw, plan.spec.partial_rows, n)
     return dx, dw
+
+
+def _bwd_args(x2d, weight, dy2d, dres2d, rstd, dx, main_out) -> list:
+    """The main backward kernel's runtime arguments but eps; placeholders (never read) for absent
+    tensors. ``main_out``: dw, its fp32 partials, or a placeholder where the kernel writes none."""
+    m, n = x2d.shape
+    return [
+        x2d, x2d.stride(0),
+        weight if weight is not None else x2d,
+        dy2d, dy2d.stride(0),
+        dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
+        rstd,
+        dx, dx.stride(0),
+        main_out,
+        m, n,
+    ]
 
 
 def _bwd_plan(args, has_weight, has_dres, config: BwdConfig, recompute: bool = False) -> _BwdPlan:
@@ -958,18 +967,10 @@ def _rms_norm_fwd_op(
     h = torch.empty_like(x2d) if res2d is not None else x.new_empty(0)
     rstd = x.new_empty((m,), dtype=acc_dtype(x.dtype))
     if m:
-        config = fwd_config(static_int(n))  # the hidden size: specialized under dynamic shapes
-        wrap_triton(_rmsnorm_fwd_kernel)[(triton.cdiv(m, config.block_m),)](
-            x2d, x2d.stride(0),
-            res2d if res2d is not None else x2d, res2d.stride(0) if res2d is not None else 0,
-            w if w is not None else x2d,
-            y, y.stride(0),
-            h if res2d is not None else y, h.stride(0) if res2d is not None else 0,
-            rstd, m, n, eps,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, SINGLE_PASS=config.single_pass,
-            HAS_RESIDUAL=res2d is not None, HAS_WEIGHT=w is not None, ACC=tl_acc(x.dtype),
-            EARLY_WEIGHT=config.single_pass and config.early_weight, num_warps=config.num_warps,
-        )
+        # The hidden size decides the launch: specialized under dynamic shapes.
+        grid, meta = _fwd_spec(m, n, x.dtype, res2d is not None, w is not None, fwd_config(static_int(n)))
+        wrap_triton(_rmsnorm_fwd_kernel)[grid](*_fwd_args(x2d, res2d, w, y, h if res2d is not None else None,
+                                                          rstd, eps), **meta)
     return y.view(x.shape), (h.view(x.shape) if res2d is not None else h), rstd
 
 
@@ -1000,21 +1001,19 @@ def _rms_norm_bwd_op(
     dx = torch.empty_like(x2d)
     if not m:
         return dx.view(normed.shape), (torch.zeros_like(weight) if w is not None else normed.new_empty(0))
-    args = [x2d, x2d.stride(0), w if w is not None else x2d, dy2d, dy2d.stride(0),
-            dres2d if dres2d is not None else dy2d, dres2d.stride(0) if dres2d is not None else 0,
-            rstd, dx, dx.stride(0)]
-    spec = _bwd_spec([*args, rstd, m, n], w is not None, dres2d is not None, bwd_config(static_int(n)))
+    spec = _bwd_spec(_bwd_args(x2d, w, dy2d, dres2d, rstd, dx, rstd), w is not None, dres2d is not None,
+                     bwd_config(static_int(n)))  # the hidden size decides: specialized under dynamic shapes
     if w is None:
         dw = out = normed.new_empty(0)
     elif spec.sum_rows is None:  # one program writes dw itself
         dw = out = torch.empty_like(w)
     else:
         dw, out = torch.empty_like(w), x2d.new_empty((spec.partial_rows, n), dtype=acc_dtype(x2d.dtype))
-    main_out = out if spec.dw_columns is None and w is not None else rstd
+    args = _bwd_args(x2d, w, dy2d, dres2d, rstd, dx, out if spec.dw_columns is None and w is not None else rstd)
     if spec.kernel == "wide":
-        wrap_triton(_rmsnorm_bwd_wide_kernel)[spec.grid](*args, main_out, m, n, **spec.meta)
+        wrap_triton(_rmsnorm_bwd_wide_kernel)[spec.grid](*args, **spec.meta)
     else:
-        wrap_triton(_rmsnorm_bwd_kernel)[spec.grid](*args, main_out, m, n, 0.0, **spec.meta)
+        wrap_triton(_rmsnorm_bwd_kernel)[spec.grid](*args, 0.0, **spec.meta)
     if spec.dw_columns is not None:
         wrap_triton(_rmsnorm_dw_kernel)[spec.dw_columns[0]](
             x2d, x2d.stride(0), dy2d, dy2d.stride(0), rstd, out, m, n, spec.rows_per_split, **spec.dw_columns[1])
