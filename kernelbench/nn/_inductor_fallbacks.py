@@ -1,4 +1,6 @@
-"""Inductor fallbacks for kernelbench's custom ops, registered before Inductor lowers them.
+"""Inductor fallbacks for kernelbench's ops, registered before Inductor lowers them. Inductor sees
+the ops themselves only where they are opaque custom ops (the Triton interpreter, a torch without
+``triton_op``); elsewhere their Triton launches are traced and the fallbacks go unused.
 
 Inductor runs an op it has no lowering for through a fallback it creates on first sight ("implicit
 fallback"). Before creating it, torch before 2.13 formats every argument's IR for a log line even
