@@ -187,3 +187,24 @@ def test_dynamic_shapes_trace_and_match_eager():
         for got, want in zip(*results):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+def test_compile_caches_key_on_every_kernel_an_op_launches():
+    """torch.compile's AOT autograd cache keys a graph on the source of the kernels each triton_op
+    launches, found by reading the op's body: every kernel must be found there, or a changed
+    kernel could be served from the cache."""
+    from torch._library.triton import get_triton_kernels_for_op
+
+    expected = {
+        "kernelbench::rms_norm_fwd": {"_rmsnorm_fwd_kernel"},
+        "kernelbench::rms_norm_bwd": {"_rmsnorm_bwd_kernel", "_rmsnorm_bwd_wide_kernel", "_rmsnorm_dw_kernel",
+                                      "_sum_rows_kernel"},
+        "kernelbench::rotary": {"_rotary_kernel"},
+        "kernelbench::rotary_": {"_rotary_kernel"},
+        "kernelbench::silu_mul_fwd": {"_silu_mul_fwd_kernel"},
+        "kernelbench::silu_mul_bwd": {"_silu_mul_bwd_kernel"},
+        "kernelbench::cross_entropy_fwd": {"_xent_fwd_kernel", "_xent_reduce_kernel"},
+    }
+    for op, kernels in expected.items():
+        found = {kernel.fn.__name__ for kernel in get_triton_kernels_for_op(op)}
+        assert kernels <= found, f"{op}: the compile cache would not key on {sorted(kernels - found)}"
