@@ -31,9 +31,10 @@ Kernels, each launched with a frozen config (``FwdConfig``, ``BwdConfig``; defau
   once more.
 - N > 65536 is refused by the Triton path; ``impl="auto"`` falls back to PyTorch there.
 
-Launches go through ``kernelbench.fast_launch.CachedLauncher``, one per launch plan keyed by
+Eager launches go through ``kernelbench.fast_launch.CachedLauncher``, one per launch plan keyed by
 (shape, strides, dtypes, device, config), so a repeated shape costs no configuration work on the
-host; after a plan's first aligned call its ``DirectLaunch`` takes the pointers as ints.
+host; after a plan's first aligned call its ``DirectLaunch`` takes the pointers as ints. The ops
+torch.compile traces launch the same kernels and configs through ``wrap_triton``.
 The measurements behind the defaults: results/2026-11-22-h200-norm/README.md.
 """
 

@@ -15,8 +15,9 @@ Kernels, both elementwise over the flattened tensors (contiguous; other layouts 
   keeps silu(gate), one more activation of that size per layer.
 Eager PyTorch takes 5 passes forward (silu, then mul) and 9 backward (three kernels); fused: 3 + 5.
 
-Each program moves ``SiluMulConfig.block`` elements; launches go through
-``kernelbench.fast_launch.CachedLauncher``, one per (numel, dtype, device, config).
+Each program moves ``SiluMulConfig.block`` elements; eager launches go through
+``kernelbench.fast_launch.CachedLauncher``, one per (numel, dtype, device, config); the ops
+torch.compile traces launch the same configs through ``wrap_triton``.
 """
 
 from __future__ import annotations
