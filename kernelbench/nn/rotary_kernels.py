@@ -38,7 +38,7 @@ try:
 except ImportError:  # PyTorch-only install: impl="auto" resolves to "torch" (autoselect logs it)
     from ._no_triton import tl, triton
 
-from ..fast_launch import CachedLauncher
+from ..fast_launch import CachedLauncher, PlanCache
 from . import _inductor_fallbacks
 from ._triton_support import capped_power_of_two, compiled_op, static_int, wrap_triton
 
@@ -231,9 +231,7 @@ def _bhsd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 
 # Launchers by everything that decides the grid and the compile-time arguments, so a call with a
 # shape seen before does no configuration work and skips Triton's per-launch argument binding.
-# Bounded: shapes that change every step (sequence lengths) drop the oldest.
-_MAX_LAUNCHERS = 256
-_launchers: dict[tuple, CachedLauncher] = {}
+_launchers: PlanCache = PlanCache()
 
 
 def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
@@ -246,34 +244,32 @@ def _launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleav
            offsets is not None, config)
     launch = _launchers.get(key)
     if launch is None:
-        if len(_launchers) >= _MAX_LAUNCHERS:
-            del _launchers[next(iter(_launchers))]
         grid, meta = _launch_spec(*key)
-        launch = _launchers[key] = CachedLauncher(_rotary_kernel, grid, **meta)
-    launch(*_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout))
+        launch = _launchers.remember(key, CachedLauncher(_rotary_kernel, grid, **meta))
+    launch(*_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout, (hq, hk, seq, dim)))
 
 
 def _traced_launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
                    layout):
     """``_launch``'s default launch as a traceable ``wrap_triton`` call (the ops' bodies)."""
     batch, hq, seq, dim = _bhsd_shape(q, layout)
+    hk = _bhsd_shape(k, layout)[1]
     # Heads and dims are the model's (specialized under dynamic shapes); batch and seq may vary.
-    grid, meta = _launch_spec(batch, static_int(hq), static_int(_bhsd_shape(k, layout)[1]), seq, static_int(dim),
+    grid, meta = _launch_spec(batch, static_int(hq), static_int(hk), seq, static_int(dim),
                               static_int(cos.shape[-1]), q.dtype, None, interleaved, backward, copy_pass,
                               offsets is not None, None)
-    wrap_triton(_rotary_kernel)[grid](*_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout),
-                                      **meta)
+    wrap_triton(_rotary_kernel)[grid](
+        *_launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout, (hq, hk, seq, dim)), **meta)
 
 
-def _launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout) -> list:
-    """The rotary kernel's runtime arguments."""
-    hq, seq, dim = _bhsd_shape(q, layout)[1:]
+def _launch_args(q, k, q_out, k_out, cos, sin, offsets, position_offset, layout, sizes: tuple) -> list:
+    """The rotary kernel's runtime arguments; ``sizes``: (q heads, k heads, seq, head dim)."""
     return [
         q, *_bhsd_strides(q, layout), k, *_bhsd_strides(k, layout),
         q_out, *_bhsd_strides(q_out, layout), k_out, *_bhsd_strides(k_out, layout),
         cos, cos.stride(0), sin, sin.stride(0),
         offsets if offsets is not None else cos, position_offset,
-        hq, _bhsd_shape(k, layout)[1], seq, dim,
+        *sizes,
     ]
 
 

@@ -142,13 +142,21 @@ _fwd_plans: PlanCache = PlanCache()
 _bwd_plans: PlanCache = PlanCache()
 
 
-def _launcher(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> CachedLauncher:
+def _launch(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: SiluMulConfig | None,
+            traced: bool, *args) -> None:
+    """Launch either kernel over ``numel`` elements: through a cached launcher (eager; by numel,
+    dtype, device and config, so a repeated shape does no configuration work), or ``traced``
+    through ``wrap_triton`` (the ops' bodies, which torch.compile traces) with the same config."""
+    if traced:
+        grid, meta = _launch_spec(numel, like, config)
+        wrap_triton(kernel)[grid](*args, **meta)
+        return
     key = (numel, like.dtype, like.get_device(), config)
     launch = plans.get(key)
     if launch is None:
         grid, meta = _launch_spec(numel, like, config)
         launch = plans.remember(key, CachedLauncher(kernel, grid, **meta))
-    return launch
+    launch(*args)
 
 
 def _launch_spec(numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> tuple[tuple, dict]:
@@ -162,24 +170,26 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor, *, config: SiluMulConfig | None = None) -> torch.Tensor:
-    """silu(gate) * up, contiguous, shaped like gate; ``config`` None: ``default_config``."""
+def silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor, *, config: SiluMulConfig | None = None,
+                 traced: bool = False) -> torch.Tensor:
+    """silu(gate) * up, contiguous, shaped like gate; ``config`` None: ``default_config``;
+    ``traced``: launch through ``wrap_triton`` (see ``_launch``)."""
     gate, up = _flat(gate), _flat(up)
     out = torch.empty_like(gate)  # contiguous input: contiguous output
     numel = gate.numel()
     if numel:
-        _launcher(_fwd_plans, _silu_mul_fwd_kernel, numel, gate, config)(gate, up, out, numel)
+        _launch(_fwd_plans, _silu_mul_fwd_kernel, numel, gate, config, traced, gate, up, out, numel)
     return out
 
 
 def silu_mul_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *,
-                 config: SiluMulConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 config: SiluMulConfig | None = None, traced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup), contiguous, shaped like gate."""
     dy, gate, up = _flat(dy), _flat(gate), _flat(up)
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     numel = gate.numel()
     if numel:
-        _launcher(_bwd_plans, _silu_mul_bwd_kernel, numel, gate, config)(dy, gate, up, dgate, dup, numel)
+        _launch(_bwd_plans, _silu_mul_bwd_kernel, numel, gate, config, traced, dy, gate, up, dgate, dup, numel)
     return dgate, dup
 
 
@@ -204,13 +214,7 @@ class _SiluMulFunction(torch.autograd.Function):
 @compiled_op("kernelbench::silu_mul_fwd", mutates_args=())
 def _silu_mul_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, contiguous."""
-    gate, up = _flat(gate), _flat(up)
-    out = torch.empty_like(gate)
-    numel = gate.numel()
-    if numel:
-        grid, meta = _launch_spec(numel, gate, None)
-        wrap_triton(_silu_mul_fwd_kernel)[grid](gate, up, out, numel, **meta)
-    return out
+    return silu_mul_fwd(gate, up, traced=True)
 
 
 @_silu_mul_fwd_op.register_fake
@@ -224,13 +228,7 @@ def _(gate, up):
 @compiled_op("kernelbench::silu_mul_bwd", mutates_args=())
 def _silu_mul_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup), contiguous."""
-    dy, gate, up = _flat(dy), _flat(gate), _flat(up)
-    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-    numel = gate.numel()
-    if numel:
-        grid, meta = _launch_spec(numel, gate, None)
-        wrap_triton(_silu_mul_bwd_kernel)[grid](dy, gate, up, dgate, dup, numel, **meta)
-    return dgate, dup
+    return silu_mul_bwd(dy, gate, up, traced=True)
 
 
 @_silu_mul_bwd_op.register_fake
