@@ -254,3 +254,41 @@ def test_direct_apply_leaves_functorch_and_setup_context_to_apply():
         torch.func.vmap(lambda t: fast(t, 2.0))(torch.randn(3, 2))
     # With setup_context, apply binds default arguments: it is returned as it is.
     assert direct_apply(_ScaleWithSetup) == _ScaleWithSetup.apply
+
+
+def test_compile_caches_find_every_kernel_an_op_launches():
+    """torch.compile's AOT autograd cache keys a graph on the kernels each triton_op launches,
+    which torch finds by reading the op's body and the functions it calls, and only where a
+    ``wrap_triton`` call names the kernel. Checked where the ops are triton_ops: outside the
+    interpreter, in a process of its own (the GPU test checks the same on CUDA)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("this torch has no torch.library.triton_op")
+    code = (
+        "import json, torch._library.triton as t\n"
+        "import kernelbench.nn.rmsnorm_kernels, kernelbench.nn.rotary_kernels\n"
+        "import kernelbench.nn.swiglu_kernels, kernelbench.nn.crossentropy_kernels\n"
+        "print(json.dumps({op: sorted(k.fn.__name__ for k in ks) for op, ks in t.triton_ops_to_kernels.items()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    expected = {
+        "kernelbench::rms_norm_fwd": ["_rmsnorm_fwd_kernel"],
+        "kernelbench::rms_norm_bwd": ["_rmsnorm_bwd_kernel", "_rmsnorm_bwd_wide_kernel", "_rmsnorm_dw_kernel",
+                                      "_sum_rows_kernel"],
+        "kernelbench::rotary": ["_rotary_kernel"],
+        "kernelbench::rotary_": ["_rotary_kernel"],
+        "kernelbench::silu_mul_fwd": ["_silu_mul_fwd_kernel"],
+        "kernelbench::silu_mul_bwd": ["_silu_mul_bwd_kernel"],
+        "kernelbench::cross_entropy_fwd": ["_xent_fwd_kernel", "_xent_reduce_kernel"],
+    }
+    for op, kernels in expected.items():
+        missing = sorted(set(kernels) - set(found.get(op, [])))
+        assert not missing, f"{op}: the compile cache would not key on {missing}"

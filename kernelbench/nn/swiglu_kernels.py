@@ -142,21 +142,13 @@ _fwd_plans: PlanCache = PlanCache()
 _bwd_plans: PlanCache = PlanCache()
 
 
-def _launch(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: SiluMulConfig | None,
-            traced: bool, *args) -> None:
-    """Launch either kernel over ``numel`` elements: through a cached launcher (eager; by numel,
-    dtype, device and config, so a repeated shape does no configuration work), or ``traced``
-    through ``wrap_triton`` (the ops' bodies, which torch.compile traces) with the same config."""
-    if traced:
-        grid, meta = _launch_spec(numel, like, config)
-        wrap_triton(kernel)[grid](*args, **meta)
-        return
+def _launcher(plans: PlanCache, kernel, numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> CachedLauncher:
     key = (numel, like.dtype, like.get_device(), config)
     launch = plans.get(key)
     if launch is None:
         grid, meta = _launch_spec(numel, like, config)
         launch = plans.remember(key, CachedLauncher(kernel, grid, **meta))
-    launch(*args)
+    return launch
 
 
 def _launch_spec(numel: int, like: torch.Tensor, config: SiluMulConfig | None) -> tuple[tuple, dict]:
@@ -173,12 +165,18 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor, *, config: SiluMulConfig | None = None,
                  traced: bool = False) -> torch.Tensor:
     """silu(gate) * up, contiguous, shaped like gate; ``config`` None: ``default_config``;
-    ``traced``: launch through ``wrap_triton`` (see ``_launch``)."""
+    ``traced``: launch through ``wrap_triton`` (the op's body, which torch.compile traces) instead
+    of the cached launchers. The kernels are named in the ``wrap_triton`` calls themselves: the
+    compile caches key on the kernels found by reading the op's body and what it calls."""
     gate, up = _flat(gate), _flat(up)
     out = torch.empty_like(gate)  # contiguous input: contiguous output
     numel = gate.numel()
     if numel:
-        _launch(_fwd_plans, _silu_mul_fwd_kernel, numel, gate, config, traced, gate, up, out, numel)
+        if traced:
+            grid, meta = _launch_spec(numel, gate, config)
+            wrap_triton(_silu_mul_fwd_kernel)[grid](gate, up, out, numel, **meta)
+        else:
+            _launcher(_fwd_plans, _silu_mul_fwd_kernel, numel, gate, config)(gate, up, out, numel)
     return out
 
 
@@ -189,7 +187,11 @@ def silu_mul_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *,
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     numel = gate.numel()
     if numel:
-        _launch(_bwd_plans, _silu_mul_bwd_kernel, numel, gate, config, traced, dy, gate, up, dgate, dup, numel)
+        if traced:
+            grid, meta = _launch_spec(numel, gate, config)
+            wrap_triton(_silu_mul_bwd_kernel)[grid](dy, gate, up, dgate, dup, numel, **meta)
+        else:
+            _launcher(_bwd_plans, _silu_mul_bwd_kernel, numel, gate, config)(dy, gate, up, dgate, dup, numel)
     return dgate, dup
 
 
