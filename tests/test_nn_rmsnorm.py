@@ -1,7 +1,5 @@
 """kernelbench.nn.rmsnorm: Triton RMSNorm (interpreter on CPU) against the fp64 reference."""
 
-import contextlib
-
 import pytest
 import torch
 
@@ -382,10 +380,13 @@ def test_recomputed_rstd_backward_equals_the_saved_one(has_weight, has_dres):
         _rmsnorm_bwd(x, w, None, dy, dres, eps=1e-5, config=BwdConfig("wide", 1, 512, 4))
 
 
-def _record_direct_launches(monkeypatch):
-    """Direct launches exist only on a GPU: here each plan's first call launches through Triton and
-    binds a recorder as its direct launch, so later calls take the launch-bound paths and record
-    their arguments instead of launching. Returns (the recorded argument tuples, the recorder)."""
+@pytest.mark.parametrize("shape, has_weight, has_residual", [
+    ((8, 256), True, False), ((2, 3, 128), True, True), ((4, 64), False, True), ((5, 96), False, False)])
+def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape, has_weight, has_residual):
+    """A launch-bound eager call of a signature seen before takes its _SmallCall, which launches
+    with the arguments fixed once. Those must be the arguments the general path gives its direct
+    launches. Direct launches exist only on a GPU, so here they are recorded instead of run,
+    each pointer named by the tensor it points to (tests/gpu/test_nn_gpu.py runs them)."""
     from kernelbench.nn import rmsnorm_kernels as K
 
     for cache in ("_fwd_plans", "_bwd_plans", "_small_calls"):
@@ -398,25 +399,12 @@ def _record_direct_launches(monkeypatch):
         recorded.append(args)
         return True
 
-    def first_or_fallback(self, aligned, args):
+    def first_or_fallback(self, aligned, args):  # launch through Triton, then bind the recorder
         self.cached(*args)
         if aligned:
             self.direct = record
 
     monkeypatch.setattr(K._Launch, "first_or_fallback", first_or_fallback)
-    return recorded, record
-
-
-@pytest.mark.parametrize("shape, has_weight, has_residual", [
-    ((8, 256), True, False), ((2, 3, 128), True, True), ((4, 64), False, True), ((5, 96), False, False)])
-def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape, has_weight, has_residual):
-    """A launch-bound eager call of a signature seen before takes its _SmallCall, which launches
-    with the arguments fixed once. Those must be the arguments the general path gives its direct
-    launches. Direct launches exist only on a GPU, so here they are recorded instead of run,
-    each pointer named by the tensor it points to (tests/gpu/test_nn_gpu.py runs them)."""
-    from kernelbench.nn import rmsnorm_kernels as K
-
-    recorded, record = _record_direct_launches(monkeypatch)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(shape, generator=gen).requires_grad_(True)
     w = torch.randn(shape[-1], generator=gen).requires_grad_(True) if has_weight else None
@@ -454,36 +442,3 @@ def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape
     (bwd_args,) = recorded
     normed = out[1] if has_residual else x
     assert bwd_args[0] == normed.data_ptr() and bwd_args[1] == shape[-1]  # x (or x + residual), as rows
-
-
-@pytest.mark.parametrize("has_residual", [False, True])
-def test_small_call_holds_its_input_only_where_saving_is_not_needed(monkeypatch, has_residual):
-    """A launch-bound call without a residual holds x and the weight on its node instead of saving
-    them (host time). It must keep what saving gives: an in-place change of either before the
-    backward raises, and under saved-tensor hooks (offloading, checkpointing) it saves them. With
-    a residual the rows it needs are an output, which it saves (holding one would be a cycle)."""
-    _record_direct_launches(monkeypatch)
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(8, 256, generator=gen).requires_grad_(True)
-    w = torch.randn(256, generator=gen).requires_grad_(True)
-    r = torch.randn(8, 256, generator=gen) if has_residual else None
-    dy = torch.randn(8, 256, generator=gen)
-
-    def node(hooks=contextlib.nullcontext()):
-        with hooks:
-            out = rms_norm(x, w, 1e-5, residual=r, impl="triton")
-        return (out[0] if has_residual else out).grad_fn
-
-    node()  # the general path: binds the plans and the small call
-    plain = node()
-    assert plain.small is not None
-    assert (plain.held is None) == has_residual
-    hooked = node(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
-    assert hooked.small is not None and hooked.held is None
-    # With a residual the backward needs x + residual, not x: only the weight is checked then.
-    for leaf in (w,) if has_residual else (x, w):
-        out = rms_norm(x, w, 1e-5, residual=r, impl="triton")
-        with torch.no_grad():
-            leaf.mul_(1.0)
-        with pytest.raises(RuntimeError, match="modified by an in-?place operation"):
-            (out[0] if has_residual else out).backward(dy)

@@ -814,20 +814,18 @@ class _SmallCall:
             return None
         return y, h
 
-    def backward(self, normed, weight, dy, dh, eps, as_saved=True):
-        """(dx, dw or None), or None. ``as_saved=False``: ``normed`` and ``weight`` are the
-        tensors the forward took, unchecked here."""
+    def backward(self, normed, weight, dy, dh, eps):
+        """(dx, dw or None), or None."""
         bwd = self.bwd
         if bwd is None:
             plan = _bwd_plans.get(self.bwd_key)
             if plan is None or not plan.main.direct:
                 return None
             bwd = self.bwd = plan.main.direct
-        if (dh is None) != (self.res_stride == 0) or dy.dtype != normed.dtype or not dy.is_contiguous() or (
-                dh is not None and not dh.is_contiguous()):
-            return None
         # Saved-tensor hooks (offloading, checkpointing) may hand back other tensors than were saved.
-        if as_saved and not (normed.is_contiguous() and (weight is None or weight.is_contiguous())):
+        if (dh is None) != (self.res_stride == 0) or dy.dtype != normed.dtype or not (
+                dy.is_contiguous() and normed.is_contiguous() and (weight is None or weight.is_contiguous())
+                and (dh is None or dh.is_contiguous())):
             return None
         n = self.n
         dx = torch.empty_like(normed)
@@ -912,43 +910,14 @@ def _forward_no_grad(x, weight, residual, eps):
     return out
 
 
-def _held_inputs(x, weight):
-    """(x, weight, their versions) for a backward to use as they are, or None where they must go
-    through save_for_backward: while saved-tensor hooks (offloading, checkpointing) are set."""
-    if _saved_tensor_hooks(True) is not None:
-        return None
-    return x, weight, x._version, weight._version if weight is not None else 0
-
-
-def _check_held(held) -> None:
-    """What unpacking saved tensors checks: that nothing modified them in place since the forward."""
-    x, weight, x_version, w_version = held
-    if x._version == x_version and (weight is None or weight._version == w_version):
-        return
-    name, t, version = ("input", x, x_version) if x._version != x_version else ("weight", weight, w_version)
-    raise RuntimeError(f"rms_norm backward: its {name} was modified by an in-place operation after the forward "
-                       f"(version {t._version}, expected {version}); clone it before modifying it")
-
-
-# The innermost saved-tensor hooks, or None (a torch without the query: assume some are set).
-_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda _: True)
-
-
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
         small = _small_call(x, weight, residual)
         out = small.forward(x, weight, residual, eps) if small is not None else None
-        ctx.held = None
         if out is not None:
             y, h = out
-            # Launch-bound calls hold an input on ctx where they can: save_for_backward's pack and
-            # unpack cost their backward about a tenth (results/2026-11-24-h100-held-inputs). h
-            # is an output: holding it would be a reference cycle, so it is saved.
-            if h is None:
-                ctx.held = _held_inputs(x, weight)
-            if ctx.held is None:
-                ctx.save_for_backward(h if h is not None else x, weight, None)
+            ctx.save_for_backward(h if h is not None else x, weight, None)
         else:
             small = None
             y, h, saved = _forward(x, weight, residual, eps, rstd="eager-backward")
@@ -960,15 +929,9 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh=None):
-        held = ctx.held
-        if held is not None:
-            _check_held(held)
-            normed, weight, rstd = held[0], held[1], None
-        else:
-            normed, weight, rstd = ctx.saved_tensors
+        normed, weight, rstd = ctx.saved_tensors
         small = ctx.small
-        grads = (small.backward(normed, weight, dy, dh, ctx.eps, held is None)
-                 if small is not None and dy is not None else None)
+        grads = small.backward(normed, weight, dy, dh, ctx.eps) if small is not None and dy is not None else None
         if grads is not None:
             dx, dw = grads
             return dx, dw, (dx if ctx.has_residual else None), None
