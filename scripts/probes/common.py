@@ -7,6 +7,7 @@ Probes run from the repository root (``python scripts/probes/<name>.py``) on a C
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -79,3 +80,36 @@ def require_cuda(who: str) -> torch.device:
     if not torch.cuda.is_available():
         raise SystemExit(f"{who} needs a CUDA GPU; none is visible here.")
     return torch.device("cuda")
+
+
+def rmsnorm_host_inputs(n_rows: int = 8, n: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x and the weight (both requiring grad) and an upstream gradient, bf16 on the GPU: a
+    launch-bound RMSNorm call, where the host decides the speed."""
+    x = torch.randn(n_rows, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(n_rows, n, device="cuda", dtype=torch.bfloat16)
+    return x, w, dy
+
+
+def fwd_bwd(forward: Callable[[], torch.Tensor], dy: torch.Tensor,
+            single_threaded: bool = False) -> Callable[[], None]:
+    """A forward + backward; ``single_threaded``: the backward on the calling thread instead of
+    the autograd engine's device thread."""
+    def run() -> None:
+        if single_threaded:
+            with torch.autograd.set_multithreading_enabled(False):
+                torch.autograd.backward(forward(), dy)
+        else:
+            torch.autograd.backward(forward(), dy)
+    return run
+
+
+def print_rounds(results: dict[str, list[float]], width: int = 48, base: str | None = None) -> None:
+    """Each case's median over rounds in microseconds, its ratio to case ``base`` if given, and
+    the rounds."""
+    base_us = statistics.median(results[base]) if base else None
+    for name, values in results.items():
+        med = statistics.median(values)
+        ratio = f"  {med / base_us:5.2f}x" if base_us else ""
+        rounds = ", ".join(f"{v:.1f}" for v in values)
+        print(f"{name:{width}s} {med:8.1f} us{ratio}  (rounds: {rounds})")

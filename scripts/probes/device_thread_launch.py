@@ -12,7 +12,6 @@ Every case is timed in each of several interleaved rounds; the median of the rou
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +22,7 @@ from host_breakdown import per_call_us
 from kernelbench.fast_launch import CachedLauncher
 from kernelbench.nn.rmsnorm import rms_norm
 
-from common import emit  # noqa: F401  (puts the checkout on sys.path)
+from common import fwd_bwd, print_rounds, rmsnorm_host_inputs
 
 
 @triton.jit
@@ -59,9 +58,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.ones(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    x, w, dy = rmsnorm_host_inputs()
     n, block = x.numel(), 1024
     device = torch.cuda.current_device()
     direct = CachedLauncher(_zero_kernel, (triton.cdiv(n, block),), BLOCK=block).direct(torch.empty_like(x), n)
@@ -76,15 +73,6 @@ def main() -> None:
     def clear():
         x.grad = w.grad = None
 
-    def fwd_bwd(f, single_threaded=False):
-        def run():
-            if single_threaded:
-                with torch.autograd.set_multithreading_enabled(False):
-                    torch.autograd.backward(f(), dy)
-            else:
-                torch.autograd.backward(f(), dy)
-        return run
-
     functions = {
         "no launch": function_with(None, None),
         "Triton launch in forward": function_with(triton_launch, None),
@@ -93,22 +81,20 @@ def main() -> None:
         "ATen launch in backward": function_with(None, aten_launch),
     }
     cases = {
-        "F.rms_norm": fwd_bwd(lambda: F.rms_norm(x, (4096,), w, 1e-6)),
-        "ours": fwd_bwd(lambda: rms_norm(x, w, 1e-6, impl="triton")),
+        "F.rms_norm": fwd_bwd(lambda: F.rms_norm(x, (4096,), w, 1e-6), dy),
+        "ours": fwd_bwd(lambda: rms_norm(x, w, 1e-6, impl="triton"), dy),
     }
     for single in (False, True):
         prefix = "single-threaded: " if single else ""
         for name, fn in functions.items():
-            cases[f"{prefix}Function, {name}"] = fwd_bwd(lambda fn=fn: fn.apply(x, w), single)
-    cases["single-threaded: F.rms_norm"] = fwd_bwd(lambda: F.rms_norm(x, (4096,), w, 1e-6), True)
-    cases["single-threaded: ours"] = fwd_bwd(lambda: rms_norm(x, w, 1e-6, impl="triton"), True)
+            cases[f"{prefix}Function, {name}"] = fwd_bwd(lambda fn=fn: fn.apply(x, w), dy, single)
+    cases["single-threaded: F.rms_norm"] = fwd_bwd(lambda: F.rms_norm(x, (4096,), w, 1e-6), dy, True)
+    cases["single-threaded: ours"] = fwd_bwd(lambda: rms_norm(x, w, 1e-6, impl="triton"), dy, True)
     results: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for name, fn in cases.items():
             results.setdefault(name, []).append(per_call_us(fn, args.calls, prepare=clear))
-    for name, values in results.items():
-        rounds = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{name:48s} {statistics.median(values):8.1f} us  (rounds: {rounds})")
+    print_rounds(results)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import kernelbench.nn.rmsnorm_kernels as K
 from kernelbench.nn import rmsnorm as R
 from kernelbench.nn.rmsnorm import rms_norm
 
-from common import emit  # noqa: F401  (puts the checkout on sys.path)
+from common import fwd_bwd, print_rounds, rmsnorm_host_inputs
 
 
 def variant(small, eps: float, alloc_in_forward: bool, save: bool, own_entry: bool) -> type:
@@ -69,9 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     eps = 1e-6
-    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.ones(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    x, w, dy = rmsnorm_host_inputs()
     for _ in range(3):  # binds the small call and both direct launches
         rms_norm(x, w, eps, impl="triton").backward(dy)
     small = K._small_calls[(x.shape, x.dtype, w.dtype, True, x.get_device())]
@@ -79,9 +77,6 @@ def main() -> None:
 
     def clear():
         x.grad = w.grad = None
-
-    def fwd_bwd(f):
-        return lambda: torch.autograd.backward(f(), dy)
 
     kept = []
 
@@ -94,11 +89,11 @@ def main() -> None:
         return run
 
     cases = {
-        "F.rms_norm": fwd_bwd(lambda: F.rms_norm(x, (4096,), w, eps)),
-        "ours": fwd_bwd(lambda: rms_norm(x, w, eps, impl="triton")),
+        "F.rms_norm": fwd_bwd(lambda: F.rms_norm(x, (4096,), w, eps), dy),
+        "ours": fwd_bwd(lambda: rms_norm(x, w, eps, impl="triton"), dy),
         "output kept: F.rms_norm": fwd_bwd_kept(lambda: F.rms_norm(x, (4096,), w, eps)),
         "output kept: ours": fwd_bwd_kept(lambda: rms_norm(x, w, eps, impl="triton")),
-        "ours, autograd.Function alone": fwd_bwd(lambda: R._rms_norm_autograd(x, w, None, eps)),
+        "ours, autograd.Function alone": fwd_bwd(lambda: R._rms_norm_autograd(x, w, None, eps), dy),
     }
     expected = rms_norm(x.detach(), w.detach(), eps, impl="triton")
     for alloc_fwd, save, own in itertools.product((False, True), repeat=3):
@@ -108,7 +103,7 @@ def main() -> None:
         assert torch.equal(y, expected), "variant's forward differs"
         name = (f"alloc in {'forward ' if alloc_fwd else 'backward'}, {'saved' if save else 'on ctx'}, "
                 f"{'own entry' if own else 'torch entry'}")
-        cases[name] = fwd_bwd(lambda fn=fn: fn.apply(x, w))
+        cases[name] = fwd_bwd(lambda fn=fn: fn.apply(x, w), dy)
     # The forward alone (with grad: the graph is built, then dropped) and its pieces, per call.
     lean = variant(small, eps, False, True, False)
     xp, wp, yp = x.data_ptr(), w.data_ptr(), torch.empty_like(x).data_ptr()
@@ -136,11 +131,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in cases.items():
             results.setdefault(name, []).append(per_call_us(fn, args.calls, prepare=clear))
-    base = statistics.median(results["F.rms_norm"])
-    for name, values in results.items():
-        rounds = ", ".join(f"{v:.1f}" for v in values)
-        med = statistics.median(values)
-        print(f"{name:48s} {med:8.1f} us  {med / base:5.2f}x  (rounds: {rounds})")
+    print_rounds(results, base="F.rms_norm")
 
 
 if __name__ == "__main__":

@@ -12,16 +12,14 @@ Every case is timed in each of several interleaved rounds; the median of the rou
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-import torch
 import torch.nn.functional as F
 from host_breakdown import per_call_us
 
 from kernelbench.nn.rmsnorm import rms_norm
 
-from common import emit  # noqa: F401  (puts the checkout on sys.path)
+from common import fwd_bwd, print_rounds, rmsnorm_host_inputs
 
 GAPS_US = (0, 25, 50, 100, 200, 400)
 
@@ -31,9 +29,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.ones(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    x, w, dy = rmsnorm_host_inputs()
 
     def prepare_with(gap_us: float):
         def prepare():
@@ -43,15 +39,6 @@ def main() -> None:
                 pass
         return prepare
 
-    def fwd_bwd(f, single_threaded):
-        def run():
-            if single_threaded:
-                with torch.autograd.set_multithreading_enabled(False):
-                    torch.autograd.backward(f(), dy)
-            else:
-                torch.autograd.backward(f(), dy)
-        return run
-
     layers = {"F.rms_norm": lambda: F.rms_norm(x, (4096,), w, 1e-6),
               "ours": lambda: rms_norm(x, w, 1e-6, impl="triton")}
     cases = {}
@@ -59,14 +46,12 @@ def main() -> None:
         for gap in GAPS_US:
             for name, layer in layers.items():
                 label = f"{'single-threaded' if single else 'engine threads'}, gap {gap:3d} us, {name}"
-                cases[label] = (fwd_bwd(layer, single), prepare_with(gap))
+                cases[label] = (fwd_bwd(layer, dy, single), prepare_with(gap))
     results: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for label, (fn, prepare) in cases.items():
             results.setdefault(label, []).append(per_call_us(fn, args.calls, prepare=prepare))
-    for label, values in results.items():
-        rounds = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{label:52s} {statistics.median(values):8.1f} us  (rounds: {rounds})")
+    print_rounds(results, width=52)
 
 
 if __name__ == "__main__":
