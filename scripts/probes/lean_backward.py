@@ -5,6 +5,8 @@ small call) and differ in one thing each:
 - ``alloc``: where dx and dw are allocated, in the backward (device thread) or the forward;
 - ``saved``: x and the weight through ``save_for_backward`` / ``saved_tensors``, or held on ctx;
 - ``entry``: torch's ``BackwardCFunction.apply`` wrapper, or the backward set as the node's apply.
+Also: ours and ``F.rms_norm`` with each output kept until the next call (as the harness keeps
+it), and the forward alone with its pieces (checks, plan lookup, an allocation, a direct launch).
 
 Every case is timed in each of several interleaved rounds; the median of the rounds is printed.
 
