@@ -113,6 +113,15 @@ def triton_rmsnorm():
     return lambda x, weight, eps: rms_norm(x, weight, eps, impl="triton")
 
 
+@rmsnorm.candidate("auto", requires=Requires(cuda=True))
+def auto_rmsnorm():
+    """kernelbench.nn.rms_norm as users get it (impl="auto"): Triton or F.rms_norm, whichever
+    this GPU ran faster for the shape, dtype and mode (see ``kernelbench autoselect``)."""
+    from kernelbench.nn.rmsnorm import rms_norm
+
+    return lambda x, weight, eps: rms_norm(x, weight, eps)
+
+
 @rmsnorm.candidate("liger", requires=Requires(cuda=True, packages=("liger_kernel",)), baseline=True)
 def liger():
     """liger-kernel's LigerRMSNormFunction, llama casting, dy not overwritten."""

@@ -108,6 +108,15 @@ def triton_rotary():
     return lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl="triton")
 
 
+@rotary.candidate("auto", requires=Requires(cuda=True))
+def auto_rotary():
+    """kernelbench.nn.apply_rotary as users get it (impl="auto"): Triton or the eager rotary,
+    whichever this GPU ran faster for the shape, dtype and mode (see ``kernelbench autoselect``)."""
+    from kernelbench.nn.rotary import apply_rotary
+
+    return lambda q, k, cos, sin: apply_rotary(q, k, cos, sin)
+
+
 @rotary.candidate("liger", requires=Requires(cuda=True, packages=("liger_kernel",)), baseline=True)
 def liger():
     """liger-kernel's LigerRopeFunction (it copies q and k into (B, S, H, D) first)."""
