@@ -3,10 +3,21 @@ autograd registration (torch.library.opcheck), zero graph breaks on a small bloc
 forward and backward equal to eager (aot_eager backend, kernels in the Triton interpreter), no
 recompilation on fresh same-shape inputs, and bad input reported with the eager message."""
 
+import re
+
 import pytest
 import torch
 
-from kernelbench.nn import RMSNorm, apply_rotary, apply_rotary_, autoselect, rms_norm
+from kernelbench.nn import (
+    RMSNorm,
+    _triton_support,
+    apply_rotary,
+    apply_rotary_,
+    autoselect,
+    cross_entropy,
+    rms_norm,
+    silu_mul,
+)
 
 HEADS, HEAD_DIM = 2, 8
 HIDDEN = HEADS * HEAD_DIM
@@ -149,6 +160,40 @@ def test_bad_input_under_compile_raises_the_eager_message(call, message):
     # fullgraph=True: Dynamo reports the same exception, raised in traced code.
     torch._dynamo.reset()
     with pytest.raises(Exception, match=message):
+        torch.compile(call, backend="aot_eager", fullgraph=True)()
+
+
+def _rotary_inputs():
+    angles = torch.rand(4, HEAD_DIM)
+    return torch.randn(1, 2, 4, HEAD_DIM), torch.randn(1, 1, 4, HEAD_DIM), angles.cos(), angles.sin()
+
+
+IMPL_HINT = "; use impl='torch' or impl='auto'"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: rms_norm(torch.randn(4, 8), impl="triton"), "rms_norm(impl='triton'): {}" + IMPL_HINT),
+    (lambda: apply_rotary(*_rotary_inputs(), impl="triton"), "apply_rotary(impl='triton'): {}" + IMPL_HINT),
+    (lambda: apply_rotary_(*_rotary_inputs()), "apply_rotary_: {}"),
+    (lambda: silu_mul(torch.randn(2, 8), torch.randn(2, 8), impl="triton"), "silu_mul(impl='triton'): {}" + IMPL_HINT),
+    (lambda: cross_entropy(torch.randn(3, 10), torch.tensor([1, 2, 3]), impl="triton"),
+     "cross_entropy(impl='triton'): {}" + IMPL_HINT),
+], ids=["rms_norm", "apply_rotary", "apply_rotary_", "silu_mul", "cross_entropy"])
+def test_triton_path_where_it_cannot_run_under_compile(monkeypatch, call, message):
+    """The Triton path on CPU tensors without the interpreter: the eager call's ValueError, and
+    under torch.compile the same one, not an error inside Dynamo."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # what a trace reads
+    monkeypatch.setattr(_triton_support, "interpreter", lambda: False)  # what an eager call reads
+    message = message.format(_triton_support.NEEDS_CUDA)
+    with pytest.raises(ValueError) as eager:
+        call()
+    assert str(eager.value) == message
+    torch._dynamo.reset()
+    with pytest.raises(ValueError) as compiled:
+        torch.compile(call, backend="aot_eager")()
+    assert str(compiled.value) == message
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=re.escape(message)):
         torch.compile(call, backend="aot_eager", fullgraph=True)()
 
 

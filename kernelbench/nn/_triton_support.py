@@ -49,21 +49,27 @@ def why_not_here(t: torch.Tensor) -> str | None:
 
 
 @torch.compiler.assume_constant_result
-def runs_here_const(is_cuda: bool) -> bool:
-    """For a traced call, at trace time: whether the kernels can run on this device."""
-    return HAVE_TRITON and (is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
-
-
-@torch.compiler.assume_constant_result
-def require_const(is_cuda: bool, caller: str) -> bool:
-    """For a traced call with impl="triton", at trace time: raise when the kernels cannot run here."""
+def why_not_here_const(is_cuda: bool) -> str:
+    """For a traced call, at trace time: why the kernels cannot run on this device ("" if they can)."""
     if not HAVE_TRITON:
-        why = "triton not installed"
-    elif not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        why = NEEDS_CUDA
-    else:
-        return True
-    raise ValueError(f"{caller}: {why}; use impl='torch' or impl='auto'")
+        return "triton not installed"
+    if not is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return NEEDS_CUDA
+    return ""
+
+
+def runs_here_const(is_cuda: bool) -> bool:
+    """For a traced call: whether the kernels can run on this device (a constant of the graph)."""
+    return not why_not_here_const(is_cuda)
+
+
+def require_const(is_cuda: bool, caller: str, remedy: str = "use impl='torch' or impl='auto'") -> None:
+    """For a traced call of the Triton path: raise when the kernels cannot run here, with the eager
+    call's message. The raise is traced, so torch.compile reports it as the caller's error, not
+    as one inside Dynamo."""
+    why = why_not_here_const(is_cuda)
+    if why:
+        raise ValueError(f"{caller}: {why}" + (f"; {remedy}" if remedy else ""))
 
 
 def _identity(kernel):

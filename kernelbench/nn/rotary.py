@@ -154,7 +154,7 @@ def apply_rotary_(
     """
     cos, sin = _check(q, k, cos, sin, style, layout, position_offset)  # traced too, as in apply_rotary
     if torch.compiler.is_compiling():
-        require_const(q.is_cuda, "apply_rotary_")
+        require_const(q.is_cuda, "apply_rotary_", remedy="")  # Triton only: no other impl to offer
     else:
         why_not = triton_usable(q)
         if why_not is not None:
