@@ -531,10 +531,9 @@ def _launch_entry(out: Output, writer, folder: Path, op: LaunchedOp, workloads: 
     names = [op.workload(name).name for name in workloads] if workloads else [
         w.name for w in op.workloads_for("gpu" if dev == "cuda" else "cpu")]
     settings = op.settings(dev, given or {})
-    runner = op.load_runner()
     for name in names:
         on_progress(op.progress_text(name, settings))
-        rows, error = runner(op, name, dev, folder, settings)
+        rows, error = op.run_workload(name, dev, folder, settings)
         for row in rows:
             writer.add(row)
         if error:

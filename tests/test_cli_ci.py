@@ -208,11 +208,11 @@ def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how):
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc (Linux)")
 def test_dist_launch_timeout_kills_every_rank(tmp_path):
-    from kernelbench.dist.launch import launch
+    from kernelbench.ops.dist_adamw import launch_workload
 
     output = tmp_path / "dist.json"
     with pytest.raises(RuntimeError, match="no result after"):
-        launch(2, "tiny", 1_000_000, output, timeout_s=25, cpu=True)
+        launch_workload(2, "tiny", 1_000_000, output, timeout_s=25, cpu=True)
     assert _wait_for(lambda: not _processes_mentioning(str(output)), 30)
 
 
@@ -277,7 +277,7 @@ def test_dist_adamw_honours_device_cuda_without_cuda(tmp_path):
 
 
 def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
-    from kernelbench.dist.bench import workloads
+    from kernelbench.ops.dist_adamw import OP
     from kernelbench.ops.dist_adamw import defaults as dist_defaults
     from kernelbench.ops.optimizer_op import workload_numel
 
@@ -285,7 +285,7 @@ def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
     (gpu_workload,), _ = dist_defaults("cuda")
     assert gpu_workload == "model-370m"
     # Interpreter-sized: a thousandth of model-370m at most (the whole run takes well under a minute).
-    assert workload_numel(workloads()[cpu_workload]) * 1000 < workload_numel(workloads()[gpu_workload])
+    assert workload_numel(OP.workloads[cpu_workload]) * 1000 < workload_numel(OP.workloads[gpu_workload])
     assert steps < 50
 
 

@@ -2,7 +2,7 @@
 
 The update kernel runs in the Triton interpreter (conftest sets TRITON_INTERPRET=1 without a
 GPU; run_ranks passes it on to the ranks). Every multi-rank test goes through
-``kernelbench.dist.spawn.run_ranks``, so a hung rank fails the test instead of hanging CI.
+``kernelbench.distributed.spawn.run_ranks``, so a hung rank fails the test instead of hanging CI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from kernelbench.dist.spawn import RankFailure, run_ranks
+from kernelbench.distributed.spawn import RankFailure, run_ranks
 
 # Odd sizes on purpose: numels not divisible by 2 or by the 64-element alignment, a 1-element
 # param, a 3-d param, and with bucket_bytes=4096 (1024 elements) a param bigger than a bucket.
@@ -354,9 +354,10 @@ def test_run_ranks_kills_a_hung_rank_at_the_deadline():
 
 
 def test_bench_worker_writes_its_json_on_two_cpu_ranks(tmp_path):
-    from kernelbench.dist.launch import launch
+    from kernelbench.ops.dist_adamw import launch_workload
 
-    result = launch(nproc=2, workload="model-tiny", steps=3, warmup=1, output=tmp_path / "dist.json", timeout_s=150)
+    result = launch_workload(nproc=2, workload="model-tiny", steps=3, warmup=1, output=tmp_path / "dist.json",
+                             timeout_s=150)
     # A rank that aborts in Gloo's teardown after rank 0 wrote the file (seen twice in CI runs on
     # a 2-core machine, not reproduced in 10 runs under load here) leaves the measurement whole:
     # launch() adds a teardown_error, which the CLI reports as an error row. The file must hold
@@ -377,7 +378,7 @@ def test_bench_worker_writes_its_json_on_two_cpu_ranks(tmp_path):
         assert row["reps"] == 3 and row["median"] > 0 and row["p25"] <= row["median"] <= row["p75"], (metric, row)
     state = result["state_bytes_per_rank"]
     assert state["sharded"]["tensors"] < 0.55 * state["allreduce_fused"]["tensors"], state
-    assert result["parity"]["max_rel_diff"] < 1e-5, result["parity"]
+    assert result["parity"]["max_rel_diff"] < 1e-5 and result["parity"]["n_outside"] == 0, result["parity"]
 
 
 @pytest.mark.parametrize("writes_json", [True, False], ids=["results-then-crash", "crash-before-results"])
@@ -386,7 +387,8 @@ def test_launch_keeps_complete_results_when_only_the_shutdown_fails(tmp_path, mo
     is a shutdown failure, reported beside the rows; without the JSON the run failed."""
     import sys
 
-    from kernelbench.dist import launch as launch_mod
+    from kernelbench.distributed import launch as launch_mod
+    from kernelbench.ops.dist_adamw import launch_workload
 
     output = tmp_path / "dist.json"
     script = (
@@ -396,10 +398,10 @@ def test_launch_keeps_complete_results_when_only_the_shutdown_fails(tmp_path, mo
     ) + "print('terminate called without an active exception'); raise SystemExit(1)"
     monkeypatch.setattr(launch_mod, "command", lambda *args, **kwargs: [sys.executable, "-c", script])
     if writes_json:
-        result = launch_mod.launch(nproc=2, workload="tiny", steps=1, output=output)
+        result = launch_workload(nproc=2, workload="tiny", steps=1, output=output)
         assert result["workload"] == "tiny"
         assert "exited with code 1 after the results were written" in result["teardown_error"]
         assert "terminate called" in result["teardown_error"]
     else:
         with pytest.raises(RuntimeError, match="the ranks failed"):
-            launch_mod.launch(nproc=2, workload="tiny", steps=1, output=output)
+            launch_workload(nproc=2, workload="tiny", steps=1, output=output)

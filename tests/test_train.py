@@ -268,3 +268,23 @@ def test_cli_train_layers_in_the_triton_interpreter(tmp_path):
     assert rows.loc[("liger", "parity"), "status"] == "skipped"
     gap = rows.loc[("kernelbench", "final_loss"), "value"] - rows.loc[("torch", "final_loss"), "value"]
     assert abs(gap) < 1e-4  # fp32 on the CPU: the same model to rounding
+
+
+def test_layer_ops_come_from_the_registry_one_per_model_slot():
+    """Every slot the model swaps is one registered op's, and a new op naming a slot is trained
+    as a layer op without a change elsewhere."""
+    from kernelbench.models import LAYER_SLOTS
+    from kernelbench.ops.base import REGISTRY, Workload
+    from kernelbench.ops.function_op import FunctionOp
+    from kernelbench.train import layer_ops
+
+    ops = layer_ops()
+    assert sorted(op.model_layer for op in ops.values()) == sorted(LAYER_SLOTS)
+    assert set(ops) == {"rmsnorm", "rotary", "swiglu", "cross-entropy"}
+    op = FunctionOp("scratch-norm", doc="a second norm", model_layer="norm", make_inputs=lambda w, d, g: {},
+                    workloads=[Workload("w", "cpu", {})], reference=lambda: None, outputs=("y",))
+    try:
+        names = [c.name for c in resolve("scratch-norm", CONFIGS["llama-tiny"])]
+        assert names == ["torch", "kernelbench", "liger"]
+    finally:
+        del REGISTRY[op.name]

@@ -1,5 +1,5 @@
 """Models built in kernelbench for measuring layers and optimizers where they are used."""
 
-from .llama import CONFIGS, LAYER_SETS, Llama, LlamaConfig
+from .llama import CONFIGS, LAYER_SETS, LAYER_SLOTS, Llama, LlamaConfig, layer_set_doc
 
-__all__ = ["CONFIGS", "LAYER_SETS", "Llama", "LlamaConfig"]
+__all__ = ["CONFIGS", "LAYER_SETS", "LAYER_SLOTS", "Llama", "LlamaConfig", "layer_set_doc"]

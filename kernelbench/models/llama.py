@@ -12,12 +12,10 @@ with RMSNorm, rotary embeddings in Hugging Face's rotate_half style, grouped-que
 ``model.layers.N.self_attn.q_proj``, ``model.layers.N.mlp.gate_proj``, ``lm_head``...), so
 optimizers that partition by name (Adam-mini) see what they would see on the real model.
 
-``layers`` picks the implementations of RMSNorm, rotary, the SwiGLU activation
-(``silu(gate) * up``) and the loss; everything else is the same code: ``"torch"``
-(``torch.nn.RMSNorm``, an eager rotary, ``F.silu(gate) * up``, cross-entropy on the logits upcast
-to fp32 as Hugging Face's models compute it), ``"kernelbench"`` (``kernelbench.nn``, with
-``impl``), ``"liger"`` (liger-kernel's norm, rotary and SwiGLU, when installed; torch's loss,
-since liger's cross-entropy writes its gradient into the logits the model returns). The residual
+``layers`` picks the implementation of each slot in ``LAYER_SLOTS`` (RMSNorm, rotary, the
+SwiGLU activation ``silu(gate) * up`` and the loss); everything else is the same code. The table
+says what each layer set puts in each slot; an op of kernelbench.ops that is one of these layers
+names its slot (``model_layer``), so ``train`` finds the layer ops in the registry. The residual
 add before each norm goes through the layer set too, so an implementation that fuses it
 (kernelbench's) can.
 """
@@ -33,6 +31,23 @@ import torch.nn.functional as F
 from torch import nn
 
 LAYER_SETS = ("torch", "kernelbench", "liger")
+# slot -> layer set -> what that set puts there.
+LAYER_SLOTS: dict[str, dict[str, str]] = {
+    "norm": {"torch": "torch.nn.RMSNorm", "kernelbench": "kernelbench's Triton RMSNorm (fused residual add)",
+             "liger": "liger-kernel's RMSNorm"},
+    "rotary": {"torch": "the eager rotary (Hugging Face's)", "kernelbench": "kernelbench's Triton rotary",
+               "liger": "liger-kernel's rotary"},
+    "silu_mul": {"torch": "F.silu(gate) * up", "kernelbench": "kernelbench's Triton SwiGLU activation",
+                 "liger": "liger-kernel's SwiGLU activation"},
+    # liger's cross-entropy writes its gradient into the logits the model returns: torch's loss.
+    "loss": {"torch": "cross-entropy on fp32-upcast logits (Hugging Face's)",
+             "kernelbench": "kernelbench's Triton cross-entropy", "liger": "torch's loss"},
+}
+
+
+def layer_set_doc(name: str) -> str:
+    """What the layer set ``name`` puts in each slot, in words."""
+    return ", ".join(impls[name] for impls in LAYER_SLOTS.values())
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,7 @@ class Op(abc.ABC):
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
         tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
+        model_layer: str | None = None,
     ) -> None:
         if name in REGISTRY:
             raise ValueError(f"op '{name}' declared twice")
@@ -234,6 +235,9 @@ class Op(abc.ABC):
         self.tag_values = {k: tuple(v) for k, v in (tag_values or {}).items()}
         # The candidate every other one's time is divided by in reports (the peer to beat).
         self.speed_anchor = speed_anchor
+        # The slot of kernelbench.models' Llama this op is a layer of ("norm", "rotary"...), if
+        # any: `train` trains such an op as the model built with each layer set.
+        self.model_layer = model_layer
         self.candidates: dict[str, Candidate] = {}
         REGISTRY[name] = self
 

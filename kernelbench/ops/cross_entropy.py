@@ -55,6 +55,7 @@ def _workload(name: str, tier: str, shape: tuple[int, int], dtype: str, seed: in
 cross_entropy = FunctionOp(
     "cross-entropy",
     doc="cross-entropy of (M, V) logits against class indices, fp32 math, forward and backward",
+    model_layer="loss",
     workloads=[
         _workload("8x100-fp32", "cpu", (8, 100), "fp32", seed=1, ignored=1),
         _workload("6x300-fp16-sum", "cpu", (6, 300), "fp16", seed=2, ignored=2, reduction="sum"),

@@ -41,11 +41,12 @@ class FunctionOp(Op):
         tag_values: Mapping[str, Sequence[str]] | None = None,
         speed_anchor: str | None = None,
         tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
+        model_layer: str | None = None,
     ) -> None:
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
             tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
-            tensor_tolerances=tensor_tolerances,
+            tensor_tolerances=tensor_tolerances, model_layer=model_layer,
         )
         unknown = set(modes) - set(MODES)
         if unknown:

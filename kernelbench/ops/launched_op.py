@@ -1,22 +1,25 @@
 """Ops whose run starts processes of their own (the ranks of a distributed step).
 
 Such an op hands the harness no :class:`~kernelbench.ops.base.Case`: its candidates are timed
-side by side inside the processes it starts, and the function named by ``runner`` (imported when
-a run needs it, so the registry stays torch-free) turns one launch into report rows. The op
-declares what ``run`` needs to treat it like any other: its workloads and the default ones per
-device, its candidates, the options only it takes (``--nproc``...) with their checks and
-defaults, and a note for the device.
+side by side inside the processes it starts, and its :meth:`LaunchedOp.run_workload` turns one
+launch into report rows (it imports torch only when it runs, so the registry stays torch-free).
+The op declares what ``run`` needs to treat it like any other: its workloads and the default
+ones per device, its candidates, the options only it takes (``--nproc``...) with their checks
+and defaults, and a note for the device.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .base import Candidate, Case, Op, UsageError, Workload
+
+if TYPE_CHECKING:
+    from kernelbench.harness.rows import Row
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,10 @@ class LaunchedOp(Op):
     takes: tuple[str, ...] = ("-w/--workload",)
     takes_shown: tuple[str, ...] = ("-w", "--device", "-o", "--format")
 
-    def __init__(self, name: str, *, options: Sequence[OpOption], runner: str,
+    def __init__(self, name: str, *, options: Sequence[OpOption],
                  default_workloads: Mapping[str, Sequence[str]], **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.options = {o.flag: o for o in options}
-        self.runner = runner
         self._default_workloads = {tier: list(names) for tier, names in default_workloads.items()}
 
     def workloads_for(self, tier: str) -> list[Workload]:
@@ -86,7 +88,9 @@ class LaunchedOp(Op):
     def progress_text(self, workload: str, settings: Mapping[str, Any]) -> str:
         return f"{self.name} {workload}"
 
-    def load_runner(self) -> Callable[..., Any]:
-        """``runner(op, workload, device, folder, settings) -> (rows, error message or None)``."""
-        module, _, attr = self.runner.partition(":")
-        return getattr(importlib.import_module(module), attr)
+    @abc.abstractmethod
+    def run_workload(self, workload: str, device: str, folder: Path,
+                     settings: Mapping[str, Any]) -> tuple[list[Row], str | None]:
+        """One launch on ``workload`` as report rows, and the error that ended it, if any (its
+        first line is what a user needs; an error row keeps the rest). Files it writes go in
+        ``folder``."""

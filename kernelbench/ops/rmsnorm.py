@@ -58,6 +58,7 @@ SWEEP = [_workload(f"sweep-n{n}-bf16", "gpu", (2**27 // n, n), "bf16") for n in
 rmsnorm = FunctionOp(
     "rmsnorm",
     doc="RMSNorm (x, weight, eps) over the last dim, forward and backward",
+    model_layer="norm",
     workloads=[
         _workload("64x256-fp32", "cpu", (64, 256), "fp32", seed=1),
         _workload("1x760-fp32", "cpu", (1, 760), "fp32", seed=2),

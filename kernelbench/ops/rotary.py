@@ -66,6 +66,7 @@ def _workload(name, tier, b, hq, hk, s, d, dtype, seed=0, host_timing=False) -> 
 rotary = FunctionOp(
     "rotary",
     doc="Rotary embeddings (HF rotate_half) on q and k, forward and backward",
+    model_layer="rotary",
     workloads=[
         _workload("2x4x2x16x32-fp32", "cpu", 2, 4, 2, 16, 32, "fp32", seed=1),
         _workload("1x3x1x7x16-bf16", "cpu", 1, 3, 1, 7, 16, "bf16", seed=2),

@@ -48,6 +48,7 @@ def _workload(name: str, tier: str, shape: tuple[int, ...], dtype: str, seed: in
 swiglu = FunctionOp(
     "swiglu",
     doc="SwiGLU activation silu(gate) * up, forward and backward",
+    model_layer="silu_mul",
     workloads=[
         _workload("4x64-fp32", "cpu", (4, 64), "fp32", seed=1),
         # Llama-1B's MLP at batch 4 x 2048 tokens: (8192 tokens, intermediate 8192).

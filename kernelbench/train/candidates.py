@@ -7,9 +7,10 @@ declare (Adam-mini's ``dim``, ``n_heads``, ``n_kv_heads``) come from the model's
 Candidates marked ``parity=False`` compute another algorithm (AdamW beside Adam-mini): they are
 trained as anchors and not judged.
 
-Layer ops (rmsnorm, rotary, swiglu, cross-entropy): the model built with each layer set
-(``torch``, the reference; ``kernelbench``, our Triton kernels; ``liger`` where installed), all
-trained by torch's AdamW. A layer set swaps every layer at once, so these ops train the same runs.
+Layer ops (those declaring the model slot they fill, ``model_layer``: rmsnorm, rotary, swiglu,
+cross-entropy): the model built with each layer set (``torch``, the reference; ``kernelbench``,
+our Triton kernels; ``liger`` where installed), all trained by torch's AdamW. A layer set swaps
+every layer at once, so these ops train the same runs.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..models import LlamaConfig
-from ..ops import get_op
-from ..ops.base import Requires, UsageError, unknown_name_error
+from ..models import LAYER_SLOTS, LlamaConfig, layer_set_doc
+from ..ops import get_op, load_all
+from ..ops.base import Op, Requires, UsageError, unknown_name_error
 from .loop import ROLE_ANCHOR, ROLE_CANDIDATE, ROLE_REFERENCE, TrainCandidate
 
-LAYER_OPS = ("rmsnorm", "rotary", "swiglu", "cross-entropy")
 LAYER_OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
+
+
+def layer_ops() -> dict[str, Op]:
+    """The registered ops that are a layer of the model, by name."""
+    return {op.name: op for op in load_all().values() if op.model_layer in LAYER_SLOTS}
 
 
 def _model_shape(config: LlamaConfig) -> dict[str, int]:
@@ -50,16 +55,12 @@ def _torch_adamw(named_params, **hp):
 def _layer_candidates(op_name: str, lr: float | None) -> list[TrainCandidate]:
     hp = {**LAYER_OPTIMIZER, **({"lr": lr} if lr is not None else {})}
     return [
-        TrainCandidate("torch", _torch_adamw, hp, layers="torch", role=ROLE_REFERENCE,
-                       doc="torch.nn.RMSNorm, the eager rotary, F.silu(g) * u and the fp32-upcast loss "
-                           "(Hugging Face's)"),
+        TrainCandidate("torch", _torch_adamw, hp, layers="torch", role=ROLE_REFERENCE, doc=layer_set_doc("torch")),
         TrainCandidate("kernelbench", _torch_adamw, hp, layers="kernelbench", impl="triton",
-                       requires=Requires(triton=True),
-                       doc=f"kernelbench's Triton RMSNorm (fused residual add), rotary, SwiGLU and "
-                           f"cross-entropy, for {op_name}"),
+                       requires=Requires(triton=True), doc=f"{layer_set_doc('kernelbench')}, for {op_name}"),
         TrainCandidate("liger", _torch_adamw, hp, layers="liger",
                        requires=Requires(cuda=True, triton=True, packages=("liger_kernel",)),
-                       doc="liger-kernel's RMSNorm, rotary and SwiGLU (torch's loss)"),
+                       doc=layer_set_doc("liger")),
     ]
 
 
@@ -68,7 +69,7 @@ def resolve(op_name: str, config: LlamaConfig, *, lr: float | None = None, names
     """The reference first, then the candidates to train (``names`` or ``tags`` select, as in
     ``run``); the reference is always included, since its seeds make the band."""
     op = get_op(op_name)
-    if op.name in LAYER_OPS:
+    if op.name in layer_ops():
         every = _layer_candidates(op.name, lr)
         if tags:
             raise UsageError(f"op '{op.name}' has no option --{next(iter(tags))} under train")
@@ -81,7 +82,7 @@ def resolve(op_name: str, config: LlamaConfig, *, lr: float | None = None, names
         return every
     if op.kind != "optimizer":
         raise UsageError(f"train: op '{op.name}' is neither an optimizer op nor a model layer; "
-                         f"train accepts optimizer ops and {', '.join(LAYER_OPS)}")
+                         f"train accepts optimizer ops and {', '.join(layer_ops())}")
     if not isinstance(op.reference, str):
         raise UsageError(f"train: op '{op.name}' has no reference candidate to make the band")
     shape = _model_shape(config)

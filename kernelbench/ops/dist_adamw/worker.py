@@ -1,8 +1,8 @@
-"""Benchmark worker: ZeRO-1 ShardedAdamW against all-reduce + torch fused AdamW, on every rank.
+"""dist-adamw's worker, on every rank: ZeRO-1 ShardedAdamW against all-reduce + torch fused AdamW.
 
-Started by torch's launcher, one process per GPU (``kernelbench.dist.launch.launch`` does this):
+Started by torch's launcher, one process per GPU (the op's ``launch_workload`` does this):
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 -m kernelbench.dist.bench \\
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m kernelbench.ops.dist_adamw.worker \\
         --workload model-370m --steps 50 --warmup 10 --output results/dist-adamw.json
 
 Both candidates hold the workload's fp32 params (the same seeded values on every rank) with each
@@ -16,56 +16,43 @@ rank's own seeded gradients, which live in flat buffers as a DDP-style trainer k
   torch.optim.AdamW(fused=True) on every parameter. ``allreduce`` and ``fused_adamw`` time the
   two halves alone.
 
-Timing: kernelbench._timer.RepTimer (CUDA events around each rep, the host clock on the CPU); before
-each rep the harness's L2 flush and a barrier that lines the ranks up, both untimed. The six
-metrics are interleaved round by round so drift hits all of them. A rep's time is the slowest
-rank's (a step is done when every rank is); the JSON also has each rank's median. State bytes
-per rank: memory allocated after the first step minus before the optimizer was built (CUDA), and
-the bytes of its state tensors. Rank 0 writes the JSON.
+The six metrics are interleaved round by round so drift hits all of them (timing:
+:class:`kernelbench.distributed.worker.RankTimer`); the JSON has the slowest rank's statistics and
+each rank's median. State bytes per rank: memory allocated after the first step minus before the
+optimizer was built (CUDA), and the bytes of its state tensors. After one step from the same
+params and grads the two candidates' params are compared element-wise with the op's tolerance.
+Rank 0 writes the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import statistics
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-
-# NVLink multicast stays off on the GPU machines (NCCL's NVLS and torch's symmetric memory).
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 import torch
 import torch.distributed as dist
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
-
-from kernelbench._timer import RepTimer
-from kernelbench.harness.timing import L2Flusher
+from kernelbench.distributed.worker import (
+    RankTimer,
+    allocated,
+    compare,
+    environment,
+    init_ranks,
+    summary,
+    tensor_bytes,
+)
 from kernelbench.ops.base import Workload, unknown_name_error
-from kernelbench.ops.dist_adamw import OP
-
-METRICS = ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw")
-HYPERPARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
-
-
-def workloads() -> dict[str, Workload]:
-    """The op's workloads (every optimizer workload: the model-sized and the small CPU ones), by name."""
-    return dict(OP.workloads)
+from kernelbench.ops.dist_adamw import HYPERPARAMS, METRICS, OP, WORKER, parity_tolerance
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m kernelbench.dist.bench", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--workload", default="model-370m", help="optimizer workload: " + ", ".join(sorted(workloads()))
-    )
+    parser = argparse.ArgumentParser(prog=f"python -m {WORKER}", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="model-370m",
+                        help="optimizer workload: " + ", ".join(sorted(OP.workloads)))
     parser.add_argument("--steps", type=int, default=50, help="timed reps per metric")
     parser.add_argument("--warmup", type=int, default=10, help="untimed reps per metric first")
     parser.add_argument(
@@ -81,8 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", type=Path, required=True, help="JSON written by rank 0")
     args = parser.parse_args(argv)
-    if args.workload not in workloads():
-        parser.error(str(unknown_name_error("workload", args.workload, workloads())))
+    if args.workload not in OP.workloads:
+        parser.error(str(unknown_name_error("workload", args.workload, OP.workloads)))
     if args.steps < 1 or args.warmup < 0 or (args.bucket_mb is not None and args.bucket_mb <= 0):
         parser.error("--steps must be >= 1, --warmup >= 0 and --bucket-mb > 0")
     return args
@@ -100,108 +87,10 @@ def make_params(workload: Workload, device: torch.device, rank: int) -> list[tup
     return named
 
 
-def allocated(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    return torch.cuda.memory_allocated(device)
-
-
-def tensor_bytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class Timer:
-    """One RepTimer per metric; before each rep an L2 flush and a barrier, both untimed."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.timers = {m: RepTimer(device) for m in METRICS}
-        self.flush = L2Flusher(device) if device.type == "cuda" else None
-
-    def rep(self, metric: str, fn: Callable[[], None], record: bool) -> None:
-        if self.flush is not None:
-            self.flush()
-        dist.barrier()
-        if record:
-            self.timers[metric](fn)
-        else:
-            fn()
-
-    def results_ms(self) -> dict[str, list[float]]:
-        return {m: timer.times_ms() for m, timer in self.timers.items()}
-
-
-def summary(per_rank: list[list[float]]) -> dict[str, Any]:
-    """Stats over reps of the slowest rank's time, plus each rank's median."""
-    slowest = [max(times) for times in zip(*per_rank)]
-    q = statistics.quantiles(slowest, n=4, method="inclusive") if len(slowest) > 1 else [slowest[0]] * 3
-    median = statistics.median(slowest)
-    return {
-        "median": median,
-        "p25": q[0],
-        "p75": q[2],
-        "iqr": q[2] - q[0],
-        "min": min(slowest),
-        "reps": len(slowest),
-        "noisy": (q[2] - q[0]) / median > 0.10 if median > 0 else False,
-        "per_rank_median": [statistics.median(times) for times in per_rank],
-    }
-
-
-def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float]:
-    """Max |a - b| and max |a - b| / max(|b|, 1e-3) over every element."""
-    abs_diff = rel_diff = 0.0
-    for x, y in zip(a, b):
-        d = (x - y).abs()
-        abs_diff = max(abs_diff, float(d.max()))
-        rel_diff = max(rel_diff, float((d / y.abs().clamp_min(1e-3)).max()))
-    return abs_diff, rel_diff
-
-
-def environment(device: torch.device, backend: str) -> dict[str, Any]:
-    import triton
-
-    env: dict[str, Any] = {
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "backend": backend,
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "env": {
-            k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TRITON_INTERPRET")
-        },
-    }
-    if device.type == "cuda":
-        env["device"] = torch.cuda.get_device_name(device)
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device"] = f"CPU ({platform.processor() or platform.machine()}), timings not meaningful"
-    return env
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        from kernelbench.dist.launch import die_with_parent
-
-        # Started by torchrun: end with it, even when it is killed without a chance to stop us.
-        die_with_parent()
-        if os.getppid() == 1:
-            raise SystemExit("dist-adamw rank: the launcher is gone")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s), device_id=device)
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    workload = workloads()[args.workload]
+    device, backend, rank, world = init_ranks(args.timeout_s)
+    workload = OP.workloads[args.workload]
     gather_group = dist.new_group() if args.gather_group else None
 
     # Candidate A: ShardedAdamW. Params and grads exist before the snapshot, so the delta is
@@ -237,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     fused_delta = None if before is None else allocated(device) - before
 
     # One step each from the same params and grads: the two must agree (fp32 rounding only).
-    abs_diff, rel_diff = max_rel_diff([p.detach() for _, p in named_a], [p.detach() for p in params_b])
+    tol = parity_tolerance()
+    parity = compare([p.detach() for _, p in named_a], [p.detach() for p in params_b], tol.atol, tol.rtol)
 
     runs: dict[str, Callable[[], None]] = {
         "sharded_step": sharded.step,
@@ -247,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "allreduce": allreduce,
         "fused_adamw": fused.step,
     }
-    timer = Timer(device)
+    timer = RankTimer(device, METRICS)
     for i in range(args.warmup + args.steps):
         for metric in METRICS:
             timer.rep(metric, runs[metric], record=i >= args.warmup)
@@ -272,12 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "buckets": len(sharded._buckets),
             "gather_group": args.gather_group,
             "comm_mode": sharded.comm,
-            "timing": (
-                f"CUDA events; {timer.flush.nbytes >> 20} MB L2 flush and a barrier before each rep (untimed)"
-                if device.type == "cuda"
-                else "host clock; CPU ranks on Gloo, kernels in the Triton interpreter: not a measurement"
-            )
-            + "; metrics interleaved per round; a rep's time is the slowest rank's",
+            "timing": timer.describe(),
             "warmup": args.warmup,
             "metrics_ms": metrics,
             "speedup_vs_allreduce_fused": base / step if step > 0 else None,
@@ -301,9 +186,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 },
                 "adamw_bytes_per_param": 8,
             },
-            "parity": {"after_steps": 1, "max_abs_diff": abs_diff, "max_rel_diff": rel_diff, "rel_floor": 1e-3},
+            "parity": {"after_steps": 1, **parity},
             "environment": environment(device, backend),
-            "command": " ".join([Path(sys.executable).name, "-m", "kernelbench.dist.bench", *sys.argv[1:]]),
+            "command": " ".join([Path(sys.executable).name, "-m", WORKER, *sys.argv[1:]]),
         }
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,149 @@
+"""Start a worker module on N local ranks through torch.distributed.run; return the JSON it wrote.
+
+    from kernelbench.distributed.launch import launch
+    result = launch("my.worker", 2, ["--steps", "50"], Path("out.json"))
+
+The worker is started as ``python -m torch.distributed.run ... -m MODULE ARGS --output OUTPUT``;
+rank 0 writes its result to OUTPUT as JSON. On a machine with GPUs each rank gets one GPU; with
+``cpu=True`` (or without GPUs) the ranks see none and run on the CPU with the Triton interpreter.
+This module knows no op: an op that runs its candidates on several ranks imports it.
+
+However the caller ends (an exception, Ctrl-C, SIGTERM raised as an exception, the timeout), the
+launcher and every rank end with it: torchrun starts each rank in a session of its own, so the
+ranks are found through /proc and killed one by one; and on Linux torchrun and the ranks get a
+parent-death signal, so even a caller killed with SIGKILL leaves no rank behind. Nothing here
+imports torch at module level, so an op declaring itself stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# NVLink multicast must stay off on the GPU machines: NCCL's NVLS and torch's symmetric memory.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: have the kernel send ``sig`` to this process when its parent exits (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children in sessions of their own included), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """Kills the launcher and every process below it, and reaps the launcher."""
+    for _ in range(3):  # a rank may be starting while we look
+        pids = descendants(proc.pid)
+        for pid in [proc.pid, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not pids:
+            break
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def command(module: str, nproc: int, args: Sequence[str], output: Path) -> list[str]:
+    """The command line ``launch`` runs (also what a user can paste into a shell)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", module, *map(str, args), "--output", str(output)]
+
+
+def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeout_s: float = 900.0,
+           cpu: bool = False, name: str = "the ranks") -> dict[str, Any]:
+    """Runs ``module`` on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
+
+    Raises RuntimeError when the run fails or passes ``timeout_s`` (the whole process tree is
+    killed; the message starts with ``name`` and ends with the tail of the ranks' output). A run
+    whose ranks fail only after rank 0 wrote its result keeps the result, with a
+    ``teardown_error`` saying what failed."""
+    if nproc < 1:
+        raise ValueError(f"launch: nproc must be >= 1, got {nproc}")
+    output = Path(output)
+    if output.exists():
+        output.unlink()  # so a stale file is never mistaken for this run's result
+    env = {**os.environ, **MULTICAST_OFF}
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the ranks see no GPU, so they take Gloo and the CPU
+    if cpu or not _cuda_available():
+        env.setdefault("TRITON_INTERPRET", "1")
+    # The worker is started with -m: make this checkout importable whether or not it is installed.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+
+    cmd = command(module, nproc, args, output)
+    # A session of its own, so that a timeout kills torchrun and every rank it started.
+    # torchrun ends its ranks on SIGTERM; it gets one when this process dies, however it dies.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_tree(proc)
+        log, _ = proc.communicate()
+        raise RuntimeError(f"{name}: no result after {timeout_s:.0f} s (a rank hung?); killed. "
+                           f"Command: {' '.join(cmd)}\n" + _tail(log)) from None
+    except BaseException:
+        stop_tree(proc)  # Ctrl-C, SIGTERM, any error of the caller's: no rank outlives it
+        raise
+    result = _read_result(output)
+    if result is None:
+        raise RuntimeError(f"{name}: the ranks failed (exit code {proc.returncode}). Command: {' '.join(cmd)}\n"
+                           + _tail(log))
+    if proc.returncode != 0:
+        # Rank 0 writes the JSON only after every rank's results reached it, so the measurement
+        # is complete; what failed is the shutdown (a Gloo rank can abort in teardown on a loaded
+        # machine). Keep the result and say so.
+        result["teardown_error"] = (f"the ranks exited with code {proc.returncode} after the results were written: "
+                                    + _tail(log, 6).replace("\n", " | "))
+    return result
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _read_result(output: Path) -> dict[str, Any] | None:
+    """Rank 0's JSON, or None when it is missing or cut short."""
+    try:
+        return json.loads(output.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(log: str | None, lines: int = 60) -> str:
+    return "\n".join((log or "").splitlines()[-lines:])
