@@ -1,10 +1,10 @@
 """Suites: TOML files naming what to benchmark and check (configs/quick.toml, ci.toml, full.toml).
 
-    [suite]                      # all keys optional
+    [suite]                      # all keys optional; the defaults are harness.settings.TimingConfig's
     device = "cuda"              # cpu | cuda | auto
-    warmup_ms = 25
-    rep_ms = 100
-    rounds = 3                   # interleaved rounds per workload
+    warmup_ms = 10
+    rep_ms = 50
+    rounds = 2                   # interleaved rounds per workload
     cuda_graph = false
     flush_l2 = true
 
@@ -17,18 +17,19 @@
     tags = { state = "fp8" }           # the CLI's --state fp8
 
     [[parity]]                   # one table per op to check; same keys, plus
-    steps = 10
+    steps = 5                    # and atol, rtol (default: the op's tolerances)
 
 An op that starts processes of its own (dist-adamw) runs every candidate in each launch: its
 [[bench]] table takes op and workloads only, with the op's default options.
 
-Unknown keys and unknown names are errors that name the file, the key and what is accepted.
+Unknown keys, unknown names and values out of bounds are errors that name the file, the key and
+what is accepted; every one in the file is reported at once.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,30 +38,20 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from .harness.settings import USER_SETTINGS, Bound
 from .ops import get_op
 from .ops.base import UsageError
+from .session.request import Entry
 
-SUITE_KEYS = {"name", "description", "device", "warmup_ms", "rep_ms", "rounds", "cuda_graph", "flush_l2"}
+SUITE_KEYS = {"name", "description", "device", *USER_SETTINGS}
 ENTRY_KEYS = {"op", "workloads", "candidates", "exclude", "modes", "tags"}
 PARITY_KEYS = ENTRY_KEYS | {"steps", "atol", "rtol"}
 TOP_KEYS = {"suite", "bench", "parity"}
+DEVICES = ("cpu", "cuda", "auto")
 
 
 class ConfigError(UsageError):
     pass
-
-
-@dataclass
-class Entry:
-    op: str
-    workloads: list[str] | None = None
-    candidates: list[str] | None = None
-    modes: list[str] | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-    steps: int = 10
-    exclude: list[str] = field(default_factory=list)
-    atol: float | None = None
-    rtol: float | None = None
 
 
 @dataclass
@@ -71,75 +62,114 @@ class Suite:
     parity: list[Entry]
 
 
-def _check_keys(path: Path, where: str, table: dict, allowed: set[str]) -> None:
-    for key in table:
-        if key not in allowed:
-            raise ConfigError(f"{path}: unknown key '{key}' in {where}; accepted: {', '.join(sorted(allowed))}")
+class _Problems:
+    """Every problem of one file, raised together as one line naming the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.items = path, []
+
+    def add(self, text: str) -> None:
+        self.items.append(text)
+
+    def keys(self, where: str, table: dict, allowed: set[str]) -> None:
+        for key in table:
+            if key not in allowed:
+                self.add(f"unknown key '{key}' in {where}; accepted: {', '.join(sorted(allowed))}")
+
+    def typed(self, where: str, key: str, value: Any, kind: type | tuple) -> bool:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            self.add(f"{where}.{key} = {value!r}: expected {names}")
+            return False
+        return True
+
+    def bounded(self, where: str, key: str, value: Any, kind: type | tuple, bound: Bound | None) -> bool:
+        if not self.typed(where, key, value, kind):
+            return False
+        if bound is not None and not isinstance(value, bool) and not bound.holds(value):
+            self.add(f"{where}.{key} = {value}: must be {bound.words()}")
+            return False
+        return True
+
+    def str_list(self, where: str, key: str, value: Any) -> bool:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.add(f"{where}.{key} = {value!r}: expected a list of strings")
+            return False
+        return True
+
+    def raise_any(self) -> None:
+        if self.items:
+            count = f"{len(self.items)} problems: " if len(self.items) > 1 else ""
+            raise ConfigError(f"{self.path}: {count}" + "; ".join(self.items))
 
 
-def _typed(path: Path, where: str, key: str, value: Any, kind: type | tuple) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ConfigError(f"{path}: {where}.{key} = {value!r}: expected {names}")
-    return value
-
-
-def _str_list(path: Path, where: str, key: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{path}: {where}.{key} = {value!r}: expected a list of strings")
-    return value
-
-
-def _entry(path: Path, where: str, table: Any, allowed: set[str]) -> Entry:
+def _entry(problems: _Problems, where: str, table: Any, allowed: set[str]) -> Entry | None:
     if not isinstance(table, dict):
-        raise ConfigError(f"{path}: {where} = {table!r}: expected a table (write it as {where.split()[0]})")
-    _check_keys(path, where, table, allowed)
-    if "op" not in table:
-        raise ConfigError(f"{path}: {where} has no 'op' key")
-    for key in ("workloads", "candidates", "modes", "exclude"):
-        if key in table:
-            _str_list(path, where, key, table[key])
-    if "steps" in table and _typed(path, where, "steps", table["steps"], int) < 1:
-        raise ConfigError(f"{path}: {where}.steps = {table['steps']}: must be at least 1")
-    for key in ("atol", "rtol"):
-        if key in table and _typed(path, where, key, table[key], (int, float)) < 0:
-            raise ConfigError(f"{path}: {where}.{key} = {table[key]}: must be >= 0")
-    try:
-        op = get_op(_typed(path, where, "op", table["op"], str))
-        for name in table.get("workloads", []):
-            op.workload(name)
-        for name in table.get("candidates", []) + table.get("exclude", []):
-            op.get_candidate(name)
-        for mode in table.get("modes", []):
-            if mode not in op.modes():
-                raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
-        if op.kind == "multi-process":
-            own = [k for k in ("candidates", "exclude", "modes", "tags") if k in table]
-            if own or where.startswith("[[parity]]"):
-                raise UsageError(f"op '{op.name}' runs every candidate in its own processes and checks them "
-                                 f"there: a [[bench]] table with op and workloads only"
-                                 + (f" (drop {', '.join(own)})" if own else ""))
-        tags = table.get("tags", {})
-        if not isinstance(tags, dict):
-            raise UsageError(f"tags = {tags!r}: expected a table like {{ state = \"fp8\" }}")
-        op.select(None, tags)
-    except ConfigError:
-        raise
-    except UsageError as exc:
-        raise ConfigError(f"{path}: {where}: {exc}") from exc
-    entry = Entry(op=table["op"], tags=dict(table.get("tags", {})))
-    for key in ("workloads", "candidates", "modes", "exclude"):
-        if key in table:
-            setattr(entry, key, _str_list(path, where, key, table[key]))
+        problems.add(f"{where} = {table!r}: expected a table (write it as {where.split()[0]})")
+        return None
+    before = len(problems.items)
+    problems.keys(where, table, allowed)
+    lists = {key: table[key] for key in ("workloads", "candidates", "modes", "exclude")
+             if key in table and problems.str_list(where, key, table[key])}
     if "steps" in table:
-        entry.steps = _typed(path, where, "steps", table["steps"], int)
+        problems.bounded(where, "steps", table["steps"], int, Bound(1))
     for key in ("atol", "rtol"):
         if key in table:
-            setattr(entry, key, float(_typed(path, where, key, table[key], (int, float))))
+            problems.bounded(where, key, table[key], (int, float), Bound(0))
+    tags = table.get("tags", {})
+    if not isinstance(tags, dict):
+        problems.add(f"{where}: tags = {tags!r}: expected a table like {{ state = \"fp8\" }}")
+        tags = None
+    if "op" not in table:
+        problems.add(f"{where} has no 'op' key")
+    elif problems.typed(where, "op", table["op"], str):
+        _check_names(problems, where, table, lists, tags)
+    if len(problems.items) > before:
+        return None
+    entry = Entry(op=table["op"], tags=dict(tags or {}))
+    for key, value in lists.items():
+        setattr(entry, key, value)
+    if "steps" in table:
+        entry.steps = table["steps"]
+    for key in ("atol", "rtol"):
+        if key in table:
+            setattr(entry, key, float(table[key]))
     return entry
 
 
+def _check_names(problems: _Problems, where: str, table: dict, lists: dict[str, list[str]],
+                 tags: dict | None) -> None:
+    """Each name the table gives exists in the registry (every unknown one is reported)."""
+    def check(fn, *args) -> None:
+        try:
+            fn(*args)
+        except UsageError as exc:
+            problems.add(f"{where}: {exc}")
+
+    try:
+        op = get_op(table["op"])
+    except UsageError as exc:
+        problems.add(f"{where}: {exc}")
+        return
+    for name in lists.get("workloads", []):
+        check(op.workload, name)
+    for name in lists.get("candidates", []) + lists.get("exclude", []):
+        check(op.get_candidate, name)
+    for mode in lists.get("modes", []):
+        if mode not in op.modes():
+            problems.add(f"{where}: op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
+    if op.kind == "multi-process":
+        own = [k for k in ("candidates", "exclude", "modes", "tags") if k in table]
+        if own or where.startswith("[[parity]]"):
+            problems.add(f"{where}: op '{op.name}' runs every candidate in its own processes and checks them "
+                         f"there: a [[bench]] table with op and workloads only"
+                         + (f" (drop {', '.join(own)})" if own else ""))
+    if tags is not None:
+        check(op.select, None, tags)
+
+
 def load_suite(path: Path) -> Suite:
+    """The suite in ``path``; a ConfigError names the file and every problem in it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
@@ -147,27 +177,30 @@ def load_suite(path: Path) -> Suite:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    _check_keys(path, "the top level", doc, TOP_KEYS)
+    problems = _Problems(path)
+    problems.keys("the top level", doc, TOP_KEYS)
     settings = doc.get("suite", {})
     if not isinstance(settings, dict):
-        raise ConfigError(f"{path}: suite = {settings!r}: expected a [suite] table")
+        problems.add(f"suite = {settings!r}: expected a [suite] table")
+        settings = {}
+    tables = {}
     for key in ("bench", "parity"):
-        if not isinstance(doc.get(key, []), list):
-            raise ConfigError(f"{path}: {key} = {doc[key]!r}: expected [[{key}]] tables")
-    _check_keys(path, "[suite]", settings, SUITE_KEYS)
-    for key, kind in (("warmup_ms", (int, float)), ("rep_ms", (int, float)), ("rounds", int),
-                      ("cuda_graph", bool), ("flush_l2", bool), ("device", str)):
+        tables[key] = doc.get(key, [])
+        if not isinstance(tables[key], list):
+            problems.add(f"{key} = {doc[key]!r}: expected [[{key}]] tables")
+            tables[key] = []
+    problems.keys("[suite]", settings, SUITE_KEYS)
+    for key, setting in USER_SETTINGS.items():
         if key in settings:
-            _typed(path, "[suite]", key, settings[key], kind)
-    for key, low, what in (("warmup_ms", 0, ">= 0"), ("rep_ms", 1e-9, "> 0"), ("rounds", 1, ">= 1")):
-        if key in settings and settings[key] < low:
-            raise ConfigError(f"{path}: [suite].{key} = {settings[key]}: must be {what}")
-    if settings.get("device", "auto") not in ("cpu", "cuda", "auto"):
-        raise ConfigError(f"{path}: [suite].device = {settings['device']!r}: accepted: cpu, cuda, auto")
-    bench = [_entry(path, f"[[bench]] #{i + 1}", t, ENTRY_KEYS) for i, t in enumerate(doc.get("bench", []))]
-    parity = [_entry(path, f"[[parity]] #{i + 1}", t, PARITY_KEYS) for i, t in enumerate(doc.get("parity", []))]
-    if not bench and not parity:
-        raise ConfigError(f"{path}: no [[bench]] or [[parity]] table: nothing to run")
+            problems.bounded("[suite]", key, settings[key], setting.kind, setting.bound)
+    if "device" in settings and problems.typed("[suite]", "device", settings["device"], str) \
+            and settings["device"] not in DEVICES:
+        problems.add(f"[suite].device = {settings['device']!r}: accepted: {', '.join(DEVICES)}")
+    bench = [_entry(problems, f"[[bench]] #{i + 1}", t, ENTRY_KEYS) for i, t in enumerate(tables["bench"])]
+    parity = [_entry(problems, f"[[parity]] #{i + 1}", t, PARITY_KEYS) for i, t in enumerate(tables["parity"])]
+    if not bench and not parity and not problems.items:
+        problems.add("no [[bench]] or [[parity]] table: nothing to run")
+    problems.raise_any()
     return Suite(path, settings, bench, parity)
 
 

@@ -351,7 +351,7 @@ def test_a_usage_error_leaves_no_empty_report_folder(tmp_path):
         ('[suite]\nrepms = 3\n[[bench]]\nop = "adamw"\n', "unknown key 'repms' in [suite]; accepted:"),
         ("", "no [[bench]] or [[parity]] table"),
         ('[[parity]]\nop = "adamw"\nsteps = 0\n', "[[parity]] #1.steps = 0: must be at least 1"),
-        ('[suite]\nrounds = 0\n[[bench]]\nop = "adamw"\n', "[suite].rounds = 0: must be >= 1"),
+        ('[suite]\nrounds = 0\n[[bench]]\nop = "adamw"\n', "[suite].rounds = 0: must be at least 1"),
         ('[[bench]]\nop = "dist-adamw"\ncandidates = ["sharded-zero1"]\n', "op and workloads only (drop candidates)"),
         ('[[parity]]\nop = "dist-adamw"\n', "a [[bench]] table with op and workloads only"),
     ],

@@ -6,6 +6,7 @@ Whatever measures something (the runner, the dist-adamw launcher, ``train``) bui
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
@@ -48,3 +49,41 @@ ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 class RowSink(Protocol):
     def add(self, row: Row | dict) -> None: ...
+
+
+# The rows that are one result each: a candidate's time and a parity check; any other row that
+# errored (memory, telemetry, a launch's teardown) is a result of its own.
+RESULT_METRICS = ("time_median_ms", "parity")
+
+
+@dataclass(frozen=True)
+class Tally:
+    """How a run's results ended: ok (timed or passed), failed (a failed check or an error),
+    skipped (cannot run here), not measured (Triton interpreter), suspect (above a ceiling)."""
+
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    not_measured: int = 0
+    suspect: int = 0
+
+    @classmethod
+    def of(cls, rows: Iterable[Row | Mapping[str, Any]]) -> Tally:
+        counts = dict.fromkeys(("ok", "failed", "skipped", "not_measured", "suspect"), 0)
+        for row in rows:
+            row = row.as_dict() if isinstance(row, Row) else row
+            if row["metric"] not in RESULT_METRICS and row["status"] != ERROR:
+                continue
+            counts[_TALLIED[row["status"]]] += 1
+        return cls(**counts)
+
+    def line(self) -> str:
+        """"7 ok, 1 failed, 2 skipped" and, when there are any, the unmeasured and the suspect."""
+        parts = [f"{self.ok} ok", f"{self.failed} failed", f"{self.skipped} skipped"]
+        parts += [f"{self.not_measured} not measured"] if self.not_measured else []
+        parts += [f"{self.suspect} suspect"] if self.suspect else []
+        return ", ".join(parts)
+
+
+_TALLIED = {OK: "ok", PASS: "ok", FAIL: "failed", ERROR: "failed", SKIPPED: "skipped", NOT_MEASURED: "not_measured",
+            SUSPECT: "suspect"}

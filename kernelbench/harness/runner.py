@@ -7,6 +7,7 @@ candidate that raises, or runs out of memory, becomes an ``error`` row; the othe
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import traceback
@@ -20,6 +21,7 @@ from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
 from .memory import peak_memory_delta
 from .parity import ParityTracker
 from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, Row, RowSink
+from .settings import PARITY_DETAIL
 from .stats import Stats, summarize
 from .timing import HOST_MODE, TimingConfig, time_cpu, time_cuda, time_host
 
@@ -111,11 +113,13 @@ class _Emitter:
 
 
 def run_benchmarks(plan: Iterable[PlanItem], device: str, sink: RowSink, *,
-                   timing: TimingConfig = TimingConfig(), rounds: int = 3, telemetry: bool = False,
+                   timing: TimingConfig = TimingConfig(), rounds: int | None = None, telemetry: bool = False,
                    on_progress: Callable[[str], None] | None = None) -> RunSummary:
     """Times every (candidate, workload, mode) of the plan; candidates of one workload are
-    interleaved in ``rounds`` rounds (A B C A B C ...) so drift hits them all alike. With
-    ``telemetry``, cases that report telemetry (optimizers that offer it) add its rows."""
+    interleaved in ``rounds`` rounds (A B C A B C ...; default ``timing.rounds``) so drift hits
+    them all alike. With ``telemetry``, cases that report telemetry (optimizers that offer it) add
+    its rows."""
+    rounds = timing.rounds if rounds is None else rounds
     summary = RunSummary()
     emit = _Emitter(sink, summary)
     ceilings = measure_ceilings(torch.cuda.current_device()) if device == "cuda" else None
@@ -160,10 +164,9 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             _free_memory()
 
     timer = time_cuda if device == "cuda" else time_cpu
-    per_round = TimingConfig(
-        warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms / rounds,
+    per_round = dataclasses.replace(
+        timing, rep_ms=timing.rep_ms / rounds, rounds=1,
         min_reps=max(1, timing.min_reps // rounds), max_reps=max(1, timing.max_reps // rounds),
-        flush_l2=timing.flush_l2, cuda_graph=timing.cuda_graph,
     )
     times: dict[str, list[float]] = {name: [] for name in cases}
     host: dict[str, list[float]] = {name: [] for name in cases}
@@ -338,7 +341,6 @@ PARITY_METRICS = (("max_abs", "parity_max_abs"), ("max_rel", "parity_max_rel"),
                   ("n_outside", "parity_n_outside"), ("nan_mismatch", "parity_nan_mismatch"))
 # Per-tensor rows of a check: every failing tensor plus the few worst passing ones by each of
 # these measures ("worst"), or every tensor ("full"); a model has hundreds of tensors.
-PARITY_DETAIL = ("worst", "full")
 WORST_TENSORS = 3
 
 

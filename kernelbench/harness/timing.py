@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from .._timer import RepTimer
+from .settings import TimingConfig
 
 # do_bench flushes with a 256 MB write; the flush is never smaller than that, so that when the
 # host is slower to enqueue a call than the GPU is to run it, both loops give the host the same
@@ -32,16 +32,6 @@ class Sample(NamedTuple):
     times: list[float]
     mode: str
     host_ms: float
-
-
-@dataclass(frozen=True)
-class TimingConfig:
-    warmup_ms: float = 25.0
-    rep_ms: float = 100.0
-    min_reps: int = 10
-    max_reps: int = 1000
-    flush_l2: bool = True
-    cuda_graph: bool = False
 
 
 def _no_prep() -> None:

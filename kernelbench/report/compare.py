@@ -136,3 +136,18 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
                 "an incomplete or different run; pass --allow-missing to compare the rest"
             )
     return Comparison(table, only_base, only_new, mismatches)
+
+
+def write_comparison(result: Comparison, base: Path, new: Path, folder: Path) -> None:
+    """compare.csv and compare.md (and compare.png with matplotlib) into ``folder``."""
+    from .plot import matplotlib_available, write_plots
+    from .tables import to_markdown
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        result.table.to_csv(folder / "compare.csv", index=False)
+        (folder / "compare.md").write_text(f"# compare {base} -> {new}\n\n" + to_markdown(result.table))
+        if matplotlib_available():
+            write_plots(folder)
+    except OSError as exc:
+        raise UsageError(f"--output-dir {folder}: cannot write there ({exc.strerror or exc})") from None

@@ -1,0 +1,243 @@
+"""From what a user gave to a request: every check that needs no torch, and the choices a front
+end should not make itself (the default suite, a suite's values under the command line's).
+
+The CLI fills :class:`RunOptions` (None: not given) and calls :func:`run_request`; ``parity``
+and ``train`` go through :func:`parity_request` and :func:`check_train`. An option added to
+``run`` is a field here (with the flag errors name it by) and, if it changes what runs, a field
+of :class:`~kernelbench.session.request.RunRequest`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..harness.settings import PARITY_DETAIL, PARITY_STEPS_BOUND, USER_SETTINGS, Bound, timing_config
+from ..ops import get_op, load_all
+from ..ops.base import UsageError
+from ..ops.launched_op import LaunchedOp, OpOption
+from .plan import check_entry
+from .request import Entry, Listener, OutputSettings, RunRequest, TrainRequest
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def check_bound(flag: str, value: float | None, bound: Bound) -> None:
+    if value is not None and not bound.holds(value):
+        raise UsageError(f"{flag} {value:g}: must be {bound.words()}")
+
+
+def check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise UsageError(f"--device {device}: accepted values are {', '.join(DEVICES)}")
+
+
+def check_parity_detail(detail: str) -> None:
+    if detail not in PARITY_DETAIL:
+        raise UsageError(f"--parity-detail {detail}: accepted: {', '.join(PARITY_DETAIL)}")
+
+
+def check_output_dir(path: Path | None, flag: str = "--output-dir") -> None:
+    """A report folder that exists or can be made: not a file, not under a file."""
+    if path is None:
+        return
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"{flag} {path}: is a file; name a folder (it is made if missing)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: the folder is not writable")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, so no folder can be made under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot make it: {parent} is not writable")
+
+
+def nvidia_device_present() -> bool:
+    """An NVIDIA device node exists: the only case worth importing torch to ask CUDA."""
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Options only some ops take (dist-adamw's --nproc...): declared by those ops, checked through them.
+def launched_ops() -> list[LaunchedOp]:
+    return [op for op in load_all().values() if isinstance(op, LaunchedOp)]
+
+
+def op_option_flags() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(flag for op in launched_ops() for flag in op.options))
+
+
+def _option_owners(flag: str) -> list[LaunchedOp]:
+    return [op for op in launched_ops() if flag in op.options]
+
+
+def _option(flag: str) -> OpOption:
+    return _option_owners(flag)[0].options[flag]
+
+
+def op_option_help(flag: str) -> str:
+    """The help of a launched op's option, naming the ops that take it."""
+    owners = _option_owners(flag)
+    if not owners:
+        return "(no op takes it)"
+    return f"{', '.join(o.name for o in owners)} only: {owners[0].options[flag].help}"
+
+
+def _foreign_options_error(given: dict[str, Any]) -> str:
+    """Options of other ops given to an op that does not take them: whose they are, and any look-alike."""
+    by_owner: dict[str, list[str]] = {}
+    for flag in given:
+        by_owner.setdefault(", ".join(o.name for o in _option_owners(flag)), []).append(flag)
+    parts = [f"{', '.join(flags)}: {owner} options only (kernelbench run {owner.split(',')[0]} ...)"
+             for owner, flags in by_owner.items()]
+    hints = [_option(flag).elsewhere_hint for flag in given if _option(flag).elsewhere_hint]
+    return "; ".join(parts + hints)
+
+
+# ------------------------------------------------------------------------------------------------
+def _flag(name: str, default: Any = None) -> Any:
+    return field(default=default, metadata={"flag": name})
+
+
+@dataclass
+class RunOptions:
+    """``kernelbench run``'s options as given; None means not given (a suite's value or the
+    default applies). ``op_options``: launched ops' options that were given, by flag."""
+
+    op: str | None = None
+    config: Path | None = _flag("--config")
+    candidates: list[str] | None = _flag("-c/--candidate")
+    workloads: list[str] | None = _flag("-w/--workload")
+    modes: list[str] | None = _flag("-m/--mode")
+    state: str | None = _flag("--state")
+    cuda_graph: bool | None = _flag("--cuda-graph")
+    warmup_ms: float | None = _flag("--warmup-ms")
+    rep_ms: float | None = _flag("--rep-ms")
+    rounds: int | None = _flag("--rounds")
+    flush_l2: bool | None = _flag("--no-flush-l2")
+    parity_steps: int | None = _flag("--parity-steps")
+    telemetry: bool | None = _flag("--telemetry")
+    seed: int | None = _flag("--seed")
+    parity_detail: str | None = _flag("--parity-detail")
+    device: str = "auto"
+    output_dir: Path | None = None
+    op_options: dict[str, Any] = field(default_factory=dict)
+
+    def given(self) -> dict[str, Any]:
+        """Every option given, by the flag errors name it by."""
+        named = {f.metadata["flag"]: getattr(self, f.name) for f in fields(self) if "flag" in f.metadata}
+        return {flag: value for flag, value in {**named, **self.op_options}.items() if value is not None}
+
+    def timing_values(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in USER_SETTINGS}
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"state": self.state} if self.state else {}
+
+
+# Options that choose what runs: an op's, not a suite's (its tables choose).
+_CHOOSING = ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry", "--parity-steps")
+
+
+def run_request(options: RunOptions, listener: Listener | None = None) -> RunRequest:
+    """The request ``kernelbench run`` makes of these options; a UsageError names what is wrong.
+
+    Without an op: the suite given by --config, else configs/ci.toml on a CUDA machine and
+    configs/quick.toml without one; the command line's timing values override the suite's."""
+    listener = listener or Listener()
+    given = options.given()
+    for f in fields(options):
+        setting = USER_SETTINGS.get(f.name)
+        if setting is not None and setting.bound is not None:
+            check_bound(f.metadata["flag"], getattr(options, f.name), setting.bound)
+    check_bound("--parity-steps", options.parity_steps, Bound(0))
+    for flag, value in options.op_options.items():
+        _option(flag).check(value)
+    if options.parity_detail is not None:
+        check_parity_detail(options.parity_detail)
+    check_output_dir(options.output_dir)
+    if options.op is not None and options.config is not None:
+        raise UsageError("give an op or --config, not both")
+    target = get_op(options.op) if options.op is not None else None
+    if isinstance(target, LaunchedOp):
+        wrong = [k for k in given if k not in target.takes and k not in target.options]
+        if wrong:
+            raise UsageError(f"{', '.join(wrong)}: not accepted by {target.name}, which takes "
+                             f"{target.accepted_text()}")
+    elif options.op_options:
+        raise UsageError(_foreign_options_error(options.op_options))
+    if options.op is None:
+        chooses = [k for k in _CHOOSING if k in given]
+        if chooses:
+            raise UsageError(f"{', '.join(chooses)}: choose what runs, so they need an op "
+                             "(kernelbench run OP ...); a suite's [[bench]] / [[parity]] tables choose for it")
+        return _suite_request(options, listener)
+    entry = Entry(options.op, options.workloads, options.candidates, options.modes, options.tags)
+    check_entry(entry)
+    parity = ()
+    if options.parity_steps:
+        parity = (Entry(options.op, options.workloads, options.candidates, options.modes, options.tags,
+                        steps=options.parity_steps),)
+        check_entry(parity[0], parity=True)
+    return RunRequest("run", options.op, bench=(entry,), parity=parity, device=options.device,
+                      timing=timing_config(options.timing_values()), seed=options.seed or 0,
+                      telemetry=bool(options.telemetry), op_options=dict(options.op_options),
+                      output=OutputSettings(options.output_dir, options.parity_detail or "worst"))
+
+
+def _suite_request(options: RunOptions, listener: Listener) -> RunRequest:
+    from ..config import configs_dir, load_suite
+
+    config = options.config
+    check_device(options.device)
+    if config is None:
+        on_gpu = options.device == "cuda" or (options.device == "auto" and nvidia_device_present()
+                                              and _cuda_visible())
+        config = configs_dir() / ("ci.toml" if on_gpu else "quick.toml")
+        listener.note(f"No op given: running the default suite {config}"
+                      + ("" if on_gpu else " (the CPU suite: no CUDA device)"))
+    suite = load_suite(config)
+    # A value given on the command line wins over the suite's, even when it equals the default.
+    timing = timing_config(options.timing_values(), base=timing_config(suite.settings))
+    device = options.device if options.device != "auto" else suite.settings.get("device", "auto")
+    recorded = {k: v for k, v in suite.settings.items() if k not in USER_SETTINGS}
+    return RunRequest("run", config.stem, bench=tuple(suite.bench), parity=tuple(suite.parity), device=device,
+                      timing=timing, seed=options.seed or 0,
+                      output=OutputSettings(options.output_dir, options.parity_detail or "worst"), recorded=recorded)
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def parity_request(op: str, *, steps: int, atol: float | None = None, rtol: float | None = None,
+                   candidates: list[str] | None = None, workloads: list[str] | None = None,
+                   modes: list[str] | None = None, state: str | None = None, device: str = "auto",
+                   output_dir: Path | None = None, parity_detail: str = "worst", seed: int | None = None) -> RunRequest:
+    """The request ``kernelbench parity`` makes: every runnable candidate against the reference."""
+    check_bound("--steps", steps, PARITY_STEPS_BOUND)
+    check_bound("--atol", atol, Bound(0))
+    check_bound("--rtol", rtol, Bound(0))
+    check_parity_detail(parity_detail)
+    check_output_dir(output_dir)
+    tags = {"state": state} if state else {}
+    entry = Entry(op, workloads, candidates, modes, tags, steps=steps, atol=atol, rtol=rtol)
+    check_entry(entry, parity=True)
+    return RunRequest("parity", op, parity=(entry,), device=device, seed=seed or 0,
+                      output=OutputSettings(output_dir, parity_detail))
+
+
+def check_train(request: TrainRequest) -> None:
+    """What ``kernelbench train`` can check before torch is imported."""
+    check_bound("--rtol", request.rtol, Bound(0))
+    check_output_dir(request.output.folder)

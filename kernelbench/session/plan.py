@@ -1,0 +1,98 @@
+"""Entries checked against the registry and turned into the harness's plan.
+
+Checks run before torch is imported: an unknown name, a mode an op lacks or a candidate that a
+tag contradicts is a UsageError naming what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..ops import get_op
+from ..ops.base import UsageError
+from ..ops.launched_op import LaunchedOp
+from .request import Entry
+
+if TYPE_CHECKING:
+    from ..harness.runner import PlanItem
+
+
+def is_launched(entry: Entry) -> bool:
+    """Whether the entry's op starts processes of its own (its candidates run in each launch)."""
+    return isinstance(get_op(entry.op), LaunchedOp)
+
+
+def check_entry(entry: Entry, *, parity: bool = False) -> None:
+    """Every name the entry gives exists, the tags allow the named candidates, and a parity entry
+    names at least one candidate that takes part in parity."""
+    op = get_op(entry.op)
+    if parity and isinstance(op, LaunchedOp):
+        raise UsageError(op.not_a_case())
+    op.select(entry.candidates, entry.tags)
+    for name in entry.workloads or []:
+        op.workload(name)
+    for mode in entry.modes or []:
+        if mode not in op.modes():
+            raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
+    for name in entry.candidates or []:
+        cand = op.get_candidate(name)
+        for key, value in entry.tags.items():
+            if cand.tags.get(key) != value:
+                raise UsageError(f"-c {name} has {key}={cand.tags.get(key, '(none)')}, not --{key} {value}: "
+                                 f"drop one of the two")
+    if parity:
+        _check_parity_candidates(entry)
+
+
+def _check_parity_candidates(entry: Entry) -> None:
+    """Candidates named for parity must include one that takes part in it (the reference and
+    anchors computing something else are not checked)."""
+    op = get_op(entry.op)
+    names = entry.candidates
+    if not names:
+        return
+    checked = [c.name for c in op.candidates.values() if c.parity and c.name != op.reference]
+    if any(name in checked for name in names):
+        return
+    why = {name: ("the reference: the others are checked against it" if name == op.reference else
+                  "an anchor computing something else, timed beside the others") for name in names}
+    raise UsageError("no named candidate is checked for parity: " + "; ".join(f"'{n}' is {w}" for n, w in why.items())
+                     + f". Checked candidates of '{op.name}': {', '.join(checked)}")
+
+
+def tier(device: str) -> str:
+    """The workload tier a device runs by default."""
+    return "gpu" if device == "cuda" else "cpu"
+
+
+def workload_names(entry: Entry, device: str) -> list[str]:
+    """The entry's workloads, else its op's default ones for ``device``."""
+    op = get_op(entry.op)
+    if entry.workloads:
+        return [op.workload(name).name for name in entry.workloads]
+    return [w.name for w in op.workloads_for(tier(device))]
+
+
+def plan(entries: Sequence[Entry], device: str, seed: int) -> list[PlanItem]:
+    """The harness's plan for ``entries``: names resolved, the device's tier by default, every
+    workload's seed moved by ``seed``."""
+    from ..harness.runner import PlanItem
+
+    items = []
+    for e in entries:
+        op = get_op(e.op)
+        candidates = [c for c in op.select(e.candidates, e.tags) if c.name not in e.exclude]
+        workloads = [op.workload(w) for w in e.workloads] if e.workloads else op.workloads_for(tier(device))
+        if seed:
+            workloads = [dataclasses.replace(w, seed=w.seed + seed) for w in workloads]
+        modes = e.modes or list(op.modes())
+        for mode in modes:
+            if mode not in op.modes():
+                raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
+        if not workloads:
+            raise UsageError(f"op '{op.name}' has no {tier(device)} workload; pass --workload (its workloads: "
+                             f"{', '.join(op.workloads)})")
+        items.append(PlanItem(op, candidates, workloads, modes))
+    return items

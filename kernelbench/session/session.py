@@ -1,0 +1,194 @@
+"""A session runs one request into one report folder and says how it ended.
+
+It resolves the device, plans the entries through the registry (knowing no op), opens the
+report, runs the harness (timing, parity) and the ops that start their own processes, closes the
+report however the run ends (done, a bad value found late, Ctrl-C, SIGTERM / SIGHUP), and
+returns an :class:`~kernelbench.session.request.Outcome` whose status a front end maps to an
+exit code. What should be shown while it runs goes to its
+:class:`~kernelbench.session.request.Listener`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, SUSPECT
+from ..ops import get_op
+from ..ops.base import UsageError
+from .plan import is_launched, plan, workload_names
+from .request import Listener, Outcome, RunRequest, Status, TrainRequest
+from .signals import interruption_name, interrupts
+
+# Statuses that show a candidate ran (timed, checked, or run in the interpreter), and that it was timed.
+_RAN = (OK, PASS, FAIL, SUSPECT, NOT_MEASURED)
+_TIMED = (OK, PASS, FAIL, SUSPECT)
+
+
+class Session:
+    def __init__(self, listener: Listener | None = None) -> None:
+        self.listener = listener or Listener()
+
+    # -- run and parity -------------------------------------------------------------------------
+    def run(self, request: RunRequest) -> Outcome:
+        """Times ``request.bench`` and checks ``request.parity`` into one report."""
+        from ..harness.envinfo import fingerprint
+        from ..harness.runner import resolve_device
+
+        launched = [e for e in request.bench if is_launched(e)]
+        timed = [e for e in request.bench if not is_launched(e)]
+        device = resolve_device(request.device)
+        bench_plan = plan(timed, device, request.seed)
+        parity_plans = [(e, plan([e], device, request.seed)) for e in request.parity]
+        launches = [(get_op(e.op), workload_names(e, device)) for e in launched]
+        if device == "cpu" and (bench_plan or parity_plans):
+            self.listener.note("No CUDA device: running on the CPU. CPU candidates are timed with perf_counter; "
+                               "Triton kernels run in the Triton interpreter for parity only (their time is not "
+                               "measured).", important=True)
+        for op, _ in launches:
+            note = op.device_note(device)
+            if note:
+                self.listener.note(note, important=True)
+        op_settings = {op.name: op.settings(device, {k: v for k, v in request.op_options.items() if k in op.options})
+                       for op, _ in launches}
+        recorded = dict(request.recorded)
+        if bench_plan:
+            recorded.update(request.timing.as_dict())
+        if parity_plans:
+            recorded["parity_detail"] = request.output.parity_detail
+        recorded.update(op_settings)
+
+        def work(writer) -> None:
+            if device == "cuda" and bench_plan:
+                import torch
+
+                from ..harness.ceilings import measure_ceilings
+
+                self.listener.progress("measuring the device's copy bandwidth and bf16 matmul rate")
+                writer.set_ceilings(measure_ceilings(torch.cuda.current_device()).as_dict())
+            self._run_harness(request, device, bench_plan, parity_plans, writer)
+            for op, names in launches:
+                for name in names:
+                    self.listener.progress(op.progress_text(name, op_settings[op.name]))
+                    rows, error = op.run_workload(name, device, writer.folder, op_settings[op.name])
+                    for row in rows:
+                        writer.add(row)
+                    if error:
+                        self.listener.error(error)
+
+        folder = request.output.folder or _default_folder(request.verb, request.label)
+        writer, interruption = self._recorded(folder, fingerprint(device, request.seed), request.verb, recorded, work)
+        return _run_outcome(request.verb, folder, writer.rows, interruption)
+
+    def _run_harness(self, request: RunRequest, device: str, bench_plan, parity_plans, writer) -> None:
+        from ..harness.runner import run_benchmarks, run_parity
+
+        if bench_plan:
+            run_benchmarks(bench_plan, device, writer, timing=request.timing, telemetry=request.telemetry,
+                           on_progress=self.listener.progress)
+        for entry, items in parity_plans:
+            run_parity(items, device, writer, steps=entry.steps, atol=entry.atol, rtol=entry.rtol,
+                       detail=request.output.parity_detail, on_progress=self.listener.progress)
+
+    # -- train ----------------------------------------------------------------------------------
+    def train(self, request: TrainRequest) -> Outcome:
+        """Trains the op's candidates and judges each against the reference's band; the
+        outcome's ``detail`` is the :class:`kernelbench.train.TrainResult` (None if interrupted)."""
+        from ..harness.envinfo import fingerprint
+        from ..harness.runner import resolve_device
+        from ..train import TrainSettings, resolve
+        from ..train import train as run_training
+
+        device = resolve_device(request.device)
+        settings = TrainSettings.defaults(device, model=request.model, steps=request.steps, batch=request.batch,
+                                          seq=request.seq, seed=request.seed, lr=request.lr, rtol=request.rtol,
+                                          ref_seeds=request.ref_seeds)
+        config = settings.validate()
+        candidates = resolve(request.op, config, lr=request.lr, names=request.candidates, tags=request.tags)
+        folder = request.output.folder or _default_folder("train", request.op)
+        result = None
+
+        def work(writer) -> None:
+            nonlocal result
+            result = run_training(request.op, candidates, settings, writer, folder, on_progress=self.listener.progress)
+
+        writer, interruption = self._recorded(folder, fingerprint(device, request.seed), "train", {}, work)
+        outcome = Outcome("train", folder, writer.rows, detail=result)
+        if interruption:
+            outcome.status, outcome.interruption = Status.INTERRUPTED, interruption
+            outcome.message = (f"interrupted by {interruption}: {folder} holds the losses logged until then "
+                               "(run.json says \"interrupted\")")
+        elif result.failures:
+            outcome.status = Status.PARITY_FAILED
+            outcome.message = "did not train like the reference: " + ", ".join(result.failures)
+        elif result.band is None:
+            outcome.status = Status.NOTHING_RAN
+            outcome.message = "the reference could not run here, so nothing was judged (see its row)"
+        return outcome
+
+    # -- the report's lifecycle -----------------------------------------------------------------
+    def _recorded(self, folder: Path, fingerprint: dict, verb: str, settings: dict[str, Any],
+                  work: Callable[[Any], None]):
+        """Runs ``work(writer)`` into a report at ``folder`` and closes it however the work ends:
+        (writer, the signal that interrupted it or None). A UsageError found on the way is
+        raised after the report closes; a folder it made and left empty is removed."""
+        from ..report.writer import ReportWriter
+
+        created = not folder.exists()
+        outcome, interruption, usage_error = "failed", None, None
+        with interrupts():
+            try:
+                writer = ReportWriter(folder, fingerprint, verb, settings=settings)
+            except OSError as exc:
+                raise UsageError(f"--output-dir {folder}: cannot write the report there "
+                                 f"({exc.strerror or exc})") from None
+            try:
+                work(writer)
+                outcome = "complete"
+            except UsageError as exc:
+                usage_error = exc
+            except KeyboardInterrupt as exc:
+                outcome, interruption = "interrupted", interruption_name(exc)
+            finally:
+                writer.close(outcome, interruption)
+        if usage_error is not None:
+            if created and not writer.rows:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise usage_error
+        return writer, interruption
+
+
+def _default_folder(verb: str, label: str) -> Path:
+    from ..report.writer import default_output_dir
+
+    return default_output_dir(verb, label)
+
+
+def _run_outcome(verb: str, folder: Path, rows: list[dict[str, Any]], interruption: str | None) -> Outcome:
+    """How a run ended, from its rows: interrupted, a failed check, nothing could run, nothing
+    was timed, or complete."""
+    outcome = Outcome(verb, folder, rows)
+    failures = [f"{r['op']}/{r['workload']}/{r['mode']}/{r['candidate']}" for r in rows
+                if r["metric"] == "parity" and r["status"] in (FAIL, ERROR)]
+    statuses = {r["status"] for r in rows}
+    if interruption:
+        outcome.status, outcome.interruption = Status.INTERRUPTED, interruption
+        outcome.message = (f"interrupted by {interruption}: {folder} holds what was measured until then "
+                           "(run.json says \"interrupted\")")
+    elif failures:
+        outcome.status = Status.PARITY_FAILED
+        outcome.message = "parity failed: " + ", ".join(failures)
+    elif not statuses & set(_RAN):
+        reasons = {f"{r['candidate']}: {str(r['message']).splitlines()[0] if r['message'] else r['status']}": None
+                   for r in rows if r["status"] in (SKIPPED, ERROR)}
+        outcome.status, outcome.reasons = Status.NOTHING_RAN, list(reasons)
+        outcome.message = "no requested candidate could run here" + (" (reasons above)" if reasons else
+                                                                      ": nothing was selected")
+    elif not statuses & set(_TIMED):
+        outcome.status = Status.NOTHING_MEASURED
+        outcome.message = ("nothing was measured: the candidates that ran are Triton kernels in the interpreter "
+                           "(no GPU), whose time is not measured; check their numerics with parity, time them on "
+                           "a GPU")
+    return outcome
