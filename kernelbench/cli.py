@@ -421,7 +421,8 @@ def plot_cmd(
 ) -> None:
     """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
     out = Output(Format.table)
-    from .report.plot import INSTALL_HINT, matplotlib_available, write_plots
+    from .report.plot import INSTALL_HINT, matplotlib_available, update_summary, write_plots
+    from .report.writer import ReportError
 
     if not matplotlib_available():
         raise fail(out, f"plot needs matplotlib: {INSTALL_HINT}")
@@ -430,11 +431,16 @@ def plot_cmd(
             raise fail(out, f"{folder}: not a report folder (accepted: a folder holding results.csv, losses.csv "
                             "or compare.csv)")
     for folder in report_dirs:
-        paths = write_plots(folder)
+        try:
+            paths = write_plots(folder)
+        except ReportError as exc:
+            raise fail(out, str(exc)) from None
         if not paths:
             out.note(f"{folder}: nothing to plot (no speed ratio, sweep, parity, loss or compare rows)")
         for path in paths:
             out.note(f"wrote {path}")
+        if update_summary(folder, paths):
+            out.note(f"updated {folder / 'summary.md'}: it links the plots")
 
 
 @app.command(epilog=EXIT_CODES_HELP)

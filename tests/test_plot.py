@@ -112,3 +112,99 @@ def test_a_parity_report_gets_its_parity_plot(tmp_path):
     rows = [r for r in _run_rows() if r["metric"].startswith("parity")]
     folder = _write(tmp_path / "p", rows, "parity")
     assert {p.name for p in folder.glob("*.png")} == {"parity-rmsnorm.png"}
+
+
+# -- errors, summary.md, and what the figures show ------------------------------------------------
+def _error_lines(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_plot_on_a_damaged_or_empty_file_exits_2_with_one_line(tmp_path):
+    header = ",".join(_row("w", "c", "m", 1.0))
+    cases = {"results.csv": ["", 'a,b\n"1,2\n3,4,5,6\n', "op,workload\nrmsnorm,w\n", header[:30]],
+             "losses.csv": [""]}
+    for name, texts in cases.items():
+        for i, text in enumerate(texts):
+            folder = tmp_path / f"{name}-{i}"
+            folder.mkdir()
+            (folder / name).write_text(text)
+            result = runner.invoke(app, ["plot", str(folder)], catch_exceptions=False)
+            assert result.exit_code == 2, (name, text, result.output)
+            lines = _error_lines(result.stderr)
+            assert len(lines) == 1 and str(folder / name) in lines[0] and "Traceback" not in result.output
+
+
+def test_plot_links_the_plots_from_a_summary_that_said_they_were_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(plot, "matplotlib_available", lambda: False)
+    folder = _write(tmp_path / "run", _run_rows())
+    assert plot.INSTALL_HINT in (folder / "summary.md").read_text()
+    monkeypatch.undo()
+    result = invoke("plot", folder)
+    assert result.exit_code == 0, result.output
+    summary = (folder / "summary.md").read_text()
+    assert plot.INSTALL_HINT not in summary and summary.count("## Plots") == 1 and "## Parity" in summary
+    assert all(f"]({p.name})" in summary for p in folder.glob("*.png"))
+    assert "updated" in result.output
+
+
+def _frame_holds_its_labels(fig):
+    fig.canvas.draw()
+    for ax in fig.axes:
+        box = ax.get_window_extent()
+        for text in ax.texts:
+            inner = text.get_window_extent()
+            assert box.x0 - 1 <= inner.x0 and inner.x1 <= box.x1 + 1, (text.get_text(), inner, box)
+
+
+def _decade_aligned(ax, axis="x"):
+    import math
+
+    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+    if scale == "linear":
+        return True
+    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    return all(abs(math.log10(v) - round(math.log10(v))) < 1e-9 for v in (lo, hi))
+
+
+def test_parity_plot_decade_axis_tolerance_marks_and_labels_in_the_frame():
+    import pandas as pd
+
+    rows = pd.DataFrame(_run_rows())
+    rows.loc[(rows.metric == "parity_rel_fro") & (rows.candidate == "triton"), "message"] = "atol 1e-05, rtol 1e-05"
+    rows.loc[(rows.metric == "parity_rel_fro") & (rows.candidate == "liger"), "message"] = "rel Frobenius <= 0.01"
+    rows.loc[(rows.metric == "parity_rel_fro") & (rows.candidate == "liger"), "value"] = 5.8e-8
+    fig = plot.parity_figure("rmsnorm", rows[rows.metric == "parity"], rows[rows.metric == "parity_rel_fro"])
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log" and _decade_aligned(ax) and ax.get_xlim()[0] <= 5.8e-8
+    marks = ax.collections[0].get_offsets()
+    assert sorted(float(x) for x, _ in marks) == [1e-5, 1e-2]
+    _frame_holds_its_labels(fig)
+
+
+def test_ratio_plot_names_the_anchor_on_a_linear_axis_from_zero():
+    import pandas as pd
+
+    rows = pd.DataFrame(_run_rows())
+    ratios = rows[rows.metric == "ratio_vs_anchor"].assign(
+        message="median / median of torch-compile in the same run (below 1: faster)")
+    ratios.loc[ratios.index[0], "value"] = 2.5
+    fig = plot.ratios_figure("rmsnorm", ratios)
+    (ax,) = fig.axes
+    assert "torch-compile" in ax.get_title() and "torch-compile" in ax.get_xlabel()
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
+    _frame_holds_its_labels(fig)
+
+
+def test_every_report_plot_has_linear_or_decade_aligned_value_axes(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    folder = _write(tmp_path / "run", _run_rows())
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: (drawn.append(fig), save(fig, *a, **kw)))
+    plot.write_plots(folder)
+    assert len(drawn) == 3  # ratios, sweep, parity
+    for fig in drawn:
+        for ax in fig.axes:
+            # x of a sweep is the size on a base-2 axis (every point a power of two)
+            assert _decade_aligned(ax, "y") and (ax.get_xscale() == "log" or _decade_aligned(ax, "x")), ax.get_title()

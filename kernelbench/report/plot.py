@@ -56,17 +56,24 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(name))
 
 
-def _plain_log_ticks(axis, minor: bool = True) -> None:
-    """Log-scale ticks as plain numbers (4, 3, 2.5) rather than 4x10^0; minor ones labelled
-    only where the axis spans less than a decade."""
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+def decade_limits(values, *, room: int = 0) -> tuple[float, float]:
+    """Log-axis limits on whole decades around the positive ``values`` (``room`` decades more
+    above, for labels); (1e-1, 1e1) when there is none."""
+    positive = [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    if not positive:
+        return 0.1, 10.0
+    lo, hi = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
+    return 10.0 ** lo, 10.0 ** max(hi + room, lo + 1)
 
-    axis.set_major_formatter(ScalarFormatter())
-    if minor:
-        axis.set_minor_formatter(ScalarFormatter())
-        axis.set_minor_locator(LogLocator(subs=(0.2, 0.4, 0.6, 0.8)))
-    else:
-        axis.set_minor_formatter(NullFormatter())
+
+def _decade_axis(axis, limits: tuple[float, float]) -> None:
+    """A log axis with these limits, ticks on every decade and no minor labels."""
+    from matplotlib.ticker import LogFormatterSciNotation, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, numticks=30))
+    axis.set_major_formatter(LogFormatterSciNotation(base=10))
+    axis.set_minor_formatter(NullFormatter())
+    (axis.axes.set_xlim if axis is axis.axes.xaxis else axis.axes.set_ylim)(*limits)
 
 
 def _colours(names) -> dict:
@@ -84,21 +91,23 @@ def _colours(names) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-def plot_losses(folder: Path) -> Path:
-    """losses.png from a train report's losses.csv and train.json."""
+def plot_losses(folder: Path, losses: pd.DataFrame) -> Path | None:
+    """losses.png from a train report's losses (its losses.csv) and train.json; None when no
+    step was logged."""
     from ..train.band import running_loss, step_band, tail_window
-    from ..train.run import LOSSES_CSV, TRAIN_JSON
+    from ..train.run import TRAIN_JSON
 
     folder = Path(folder)
-    losses = pd.read_csv(folder / LOSSES_CSV)
-    meta = json.loads((folder / TRAIN_JSON).read_text()) if (folder / TRAIN_JSON).is_file() else {}
+    if losses.empty:
+        return None
+    meta = _read_json(folder / TRAIN_JSON)
     settings = meta.get("settings", {})
-    steps = int(losses["step"].max()) + 1 if not losses.empty else 0
+    steps = int(losses["step"].max()) + 1
     window = int(meta.get("window") or tail_window(max(steps, 1)))
     rtol = float(settings.get("rtol", 0.01))
     roles = {c["name"]: c for c in meta.get("candidates", [])}
     reference = next((n for n, c in roles.items() if c["role"] == "reference"), None)
-    if reference is None and not losses.empty:
+    if reference is None:
         reference = losses["candidate"].iloc[0]
 
     def curve(name: str, seed: int):
@@ -141,8 +150,6 @@ def plot_losses(folder: Path) -> Path:
                 gap = (run[:n] - band.mean[:n]) / band.half_width[:n]
                 bottom.plot(steps_x[:n], gap, color=colours[name], lw=1.3,
                             ls="-" if own.get("role") != "anchor" else ":")
-    top.set_yscale("log")
-    _plain_log_ticks(top.yaxis)
     top.set_ylabel("loss (nats; faint: per step, solid: running mean)")
     top.legend(fontsize=8, loc="best")
     top.grid(True, which="both", alpha=0.3)
@@ -164,28 +171,43 @@ def plot_losses(folder: Path) -> Path:
 # ------------------------------------------------------------------------------------------------
 
 
+_ANCHOR = re.compile(r"median of (\S+) in the same run")
+
+
+def anchor_of(part: pd.DataFrame) -> str:
+    """The anchor a ratio row was divided by, as its message names it."""
+    names = {m.group(1) for m in (_ANCHOR.search(t) for t in part["message"] if isinstance(t, str)) if m}
+    return ", ".join(sorted(names)) or "the op's anchor"
+
+
+def ratios_figure(op: str, part: pd.DataFrame):
+    """Each candidate's median over the anchor's, per workload and mode, on a linear axis from 0."""
+    part = part.sort_values(["workload", "mode", "candidate"], kind="stable")
+    anchor = anchor_of(part)
+    labels = [f"{w} | {m} | {c}" for w, m, c in zip(part["workload"], part["mode"], part["candidate"])]
+    colours = _colours(list(dict.fromkeys(part["candidate"])))
+    fig = _figure(9, 1.4 + 0.28 * len(part))
+    ax = fig.subplots()
+    y = range(len(part))
+    ax.barh(y, part["value"], color=[colours[c] for c in part["candidate"]])
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="0.2", lw=1)
+    for yi, v in zip(y, part["value"]):
+        ax.annotate(f"{v:.3g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    # Room right of the longest bar for its label.
+    ax.set_xlim(0, 1.2 * max(1.0, float(part["value"].max())))
+    ax.set_xlabel(f"median / median of {anchor} in the same run (below 1: faster than {anchor})")
+    ax.set_title(f"{op}: time relative to {anchor}")
+    ax.grid(True, axis="x", alpha=0.3)
+    return fig
+
+
 def plot_ratios(rows: pd.DataFrame, folder: Path) -> list[Path]:
     """ratios-<op>.png: each candidate's ratio to its op's anchor, per workload and mode."""
     ratios = rows[(rows["metric"] == "ratio_vs_anchor") & (rows["status"] == "ok")].dropna(subset=["value"])
-    out = []
-    for op, part in ratios.groupby("op", sort=False):
-        part = part.sort_values(["workload", "mode", "candidate"], kind="stable")
-        labels = [f"{w} | {m} | {c}" for w, m, c in zip(part["workload"], part["mode"], part["candidate"])]
-        colours = _colours(list(dict.fromkeys(part["candidate"])))
-        fig = _figure(9, 1.2 + 0.28 * len(part))
-        ax = fig.subplots()
-        y = range(len(part))
-        ax.barh(y, part["value"], color=[colours[c] for c in part["candidate"]])
-        ax.set_yticks(list(y), labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.axvline(1.0, color="0.2", lw=1)
-        for yi, v in zip(y, part["value"]):
-            ax.annotate(f"{v:.3g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-        ax.set_xlabel("median / median of the anchor in the same run (below 1: faster)")
-        ax.set_title(f"{op}: ratio to its anchor")
-        ax.grid(True, axis="x", alpha=0.3)
-        out.append(_save(fig, folder / f"ratios-{_safe(op)}.png"))
-    return out
+    return [_save(ratios_figure(op, part), folder / f"ratios-{_safe(op)}.png")
+            for op, part in ratios.groupby("op", sort=False)]
 
 
 def _workload_size(op_name: str, workload: str):
@@ -254,16 +276,18 @@ def plot_sweeps(rows: pd.DataFrame, folder: Path) -> list[Path]:
                     px = sorted(points)
                     ax.plot(px, [points[p] for p in px], marker="o", ms=3.5, color=colours[name], label=name)
         axes[0].set_yscale("log")
-        _plain_log_ticks(axes[0].yaxis, minor=False)
+        _decade_axis(axes[0].yaxis, decade_limits(part["value"]))
         axes[0].set_ylabel("median ms")
         axes[0].set_title(f"{op} {mode}: sweep")
         axes[0].legend(fontsize=8)
         if bound:
             axes[1].set_ylabel("% of copy bandwidth" if bound == "pct_copy_bw" else "% of bf16 matmul rate")
             axes[1].axhline(100, color="0.3", lw=0.8, ls="--")
+            axes[1].set_ylim(0, 1.1 * max(100.0, float(roof[bound]["value"].max())))
         for ax in axes:
+            # Sweep sizes are powers of two: a base-2 axis puts every point on a tick.
             ax.set_xscale("log", base=2)
-            ax.grid(True, which="both", alpha=0.3)
+            ax.grid(True, which="major", alpha=0.3)
         axes[-1].set_xlabel(label)
         out.append(_save(fig, folder / f"sweep-{_safe(op)}-{_safe(mode)}.png"))
     return out
@@ -274,59 +298,95 @@ def plot_sweeps(rows: pd.DataFrame, folder: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------
 
 
+_FRO = re.compile(r"rel Frobenius <= ([0-9.eE+-]+)")
+_RTOL = re.compile(r"rtol ([0-9.eE+-]+)")
+
+
+def tolerance_of(message: str) -> float | None:
+    """The scale a check's relative Frobenius error is held to, from its tolerance text: the
+    rel Frobenius bound, or rtol for an element-wise check (|d| <= atol + rtol |ref| everywhere
+    keeps the relative Frobenius error near rtol or below)."""
+    for pattern in (_FRO, _RTOL):
+        match = pattern.search(str(message))
+        if match:
+            return float(match.group(1))
+    return None
+
+
+def parity_figure(op: str, checks: pd.DataFrame, fro: pd.DataFrame):
+    """The worst relative Frobenius error of each check on decade-aligned log axes, its
+    tolerance marked beside it, pass and fail coloured."""
+    worst = fro.loc[fro.groupby(KEYS, sort=False)["value"].idxmax()].set_index(KEYS)
+    checks = checks.set_index(KEYS)
+    checks = checks[checks.index.isin(worst.index)]
+    values = worst["value"].reindex(checks.index).astype(float)
+    tolerances = [tolerance_of(m) for m in worst["message"].reindex(checks.index)]
+    lo, hi = decade_limits([*values, *(t for t in tolerances if t)], room=1)
+    if (values <= 0).any():
+        lo /= 10  # bitwise-equal checks: no bar, "0" at the floor
+    labels = [" | ".join(map(str, k[1:])) for k in checks.index]
+    fig = _figure(9, 1.6 + 0.28 * len(checks))
+    ax = fig.subplots()
+    ax.set_xscale("log")
+    y = list(range(len(checks)))
+    ax.barh(y, [max(v, lo) - lo for v in values], left=lo,
+            color=[_STATUS_COLOURS.get(s, "0.5") for s in checks["status"]])
+    marked = [(t, yi) for t, yi in zip(tolerances, y) if t]
+    if marked:
+        ax.scatter([t for t, _ in marked], [yi for _, yi in marked], marker="|", s=160, color="0.1", zorder=3,
+                   label="tolerance: the rel Frobenius bound, or rtol of an element-wise check")
+        fig.legend(fontsize=8, loc="outside lower center")
+    for yi, v, status in zip(y, values, checks["status"]):
+        ax.annotate(f"{v:.2g} {status}" if v > 0 else f"0 {status}", (max(v, lo), yi), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=7)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    _decade_axis(ax.xaxis, (lo, hi))
+    ax.set_xlabel("worst relative Frobenius error over tensors and steps")
+    ax.set_title(f"{op}: parity against the reference")
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    return fig
+
+
 def plot_parity(rows: pd.DataFrame, folder: Path) -> list[Path]:
-    """parity-<op>.png: the worst relative Frobenius error of each check (log scale)."""
+    """parity-<op>.png, see :func:`parity_figure`."""
     checks = rows[rows["metric"] == "parity"]
     fro = rows[rows["metric"] == "parity_rel_fro"].dropna(subset=["value"])
     if checks.empty or fro.empty:
         return []
-    worst = fro.groupby(KEYS, sort=False)["value"].max()
     out = []
     for op, part in checks.groupby("op", sort=False):
-        part = part.set_index(KEYS)
-        part = part[part.index.isin(worst.index)]
-        if part.empty:
-            continue
-        values = worst.reindex(part.index)
-        tiny = 1e-12  # bitwise-equal checks sit on the axis' floor
-        labels = [" | ".join(map(str, k[1:])) for k in part.index]
-        fig = _figure(9, 1.2 + 0.28 * len(part))
-        ax = fig.subplots()
-        y = range(len(part))
-        ax.barh(y, [max(v, tiny) for v in values], color=[_STATUS_COLOURS.get(s, "0.5") for s in part["status"]])
-        for yi, v, s in zip(y, values, part["status"]):
-            ax.annotate(f"{v:.2g} {s}", (max(v, tiny), yi), xytext=(3, 0), textcoords="offset points",
-                        va="center", fontsize=7)
-        ax.set_yticks(list(y), labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xscale("log")
-        ax.set_xlabel("worst relative Frobenius error over tensors and steps (0 drawn at 1e-12)")
-        ax.set_title(f"{op}: parity against the reference")
-        ax.grid(True, axis="x", alpha=0.3)
-        out.append(_save(fig, folder / f"parity-{_safe(op)}.png"))
+        if part.set_index(KEYS).index.isin(fro.set_index(KEYS).index).any():
+            out.append(_save(parity_figure(op, part, fro[fro["op"] == op]), folder / f"parity-{_safe(op)}.png"))
     return out
 
 
-def plot_compare(table: pd.DataFrame, folder: Path) -> Path:
-    """compare.png: new / base median per row, coloured by verdict, with each row's threshold."""
+def compare_figure(table: pd.DataFrame):
+    """New / base median per row on a linear axis from 0, coloured by verdict, with each row's threshold."""
     table = table.dropna(subset=["ratio"]).reset_index(drop=True)
     labels = [" | ".join(str(r[k]) for k in KEYS) for _, r in table.iterrows()]
-    fig = _figure(9, 1.2 + 0.28 * max(len(table), 1))
+    fig = _figure(9, 1.4 + 0.28 * max(len(table), 1))
     ax = fig.subplots()
     y = range(len(table))
     ax.barh(y, table["ratio"], color=[_VERDICT_COLOURS.get(v, "0.5") for v in table["verdict"]])
     if "threshold" in table:
         ax.scatter(1 + table["threshold"], y, marker="|", color="0.1", s=60, label="1 + threshold")
-        ax.legend(fontsize=8)
+        fig.legend(fontsize=8, loc="outside lower center")
     ax.axvline(1.0, color="0.2", lw=1)
     for yi, v, verdict in zip(y, table["ratio"], table["verdict"]):
         ax.annotate(f"{v:.3g} {verdict}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.set_xlim(0, 1.3 * max(1.0, float(table["ratio"].max()) if len(table) else 1.0))
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("new median / base median (above 1: slower)")
     ax.set_title("compare: after / before")
     ax.grid(True, axis="x", alpha=0.3)
-    return _save(fig, Path(folder) / "compare.png")
+    return fig
+
+
+def plot_compare(table: pd.DataFrame, folder: Path) -> Path:
+    """compare.png, see :func:`compare_figure`."""
+    return _save(compare_figure(table), Path(folder) / "compare.png")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -335,15 +395,22 @@ def plot_compare(table: pd.DataFrame, folder: Path) -> Path:
 
 
 def write_plots(folder: Path, rows: pd.DataFrame | None = None) -> list[Path]:
-    """Every plot the folder's files support (see the module docstring); the paths written."""
+    """Every plot the folder's files support (see the module docstring); the paths written.
+    A file that cannot be read raises ReportError naming it."""
+    from ..harness.rows import ROW_FIELDS
+    from .writer import read_csv
+
     folder = Path(folder)
     out: list[Path] = []
     if (folder / "losses.csv").is_file():
-        out.append(plot_losses(folder))
+        losses = read_csv(folder / "losses.csv", ["step", "candidate", "seed", "loss"], what="losses")
+        out += [p for p in [plot_losses(folder, losses)] if p is not None]
     if (folder / "compare.csv").is_file():
-        out.append(plot_compare(pd.read_csv(folder / "compare.csv"), folder))
+        table = read_csv(folder / "compare.csv", [*KEYS, "ratio", "verdict"], what="compare")
+        if not table.empty:
+            out.append(plot_compare(table, folder))
     if rows is None and (folder / "results.csv").is_file():
-        rows = pd.read_csv(folder / "results.csv")
+        rows = read_csv(folder / "results.csv", [c for c in ROW_FIELDS if c != "tensor"], what="results")
     if rows is not None and not rows.empty:
         rows = rows.assign(value=pd.to_numeric(rows["value"], errors="coerce"))
         out += plot_ratios(rows, folder)
@@ -352,17 +419,55 @@ def write_plots(folder: Path, rows: pd.DataFrame | None = None) -> list[Path]:
     return out
 
 
+PLOTS_HEADING = "## Plots"
+
+
+def plots_section(paths: list[Path]) -> str:
+    """summary.md's section linking the plots (empty without plots)."""
+    if not paths:
+        return ""
+    links = "\n\n".join(f"![{p.stem}]({p.name})" for p in paths)
+    return f"\n{PLOTS_HEADING}\n\n{links}\n"
+
+
 def plots_markdown(folder: Path, rows: pd.DataFrame) -> str:
     """The report writer's hook: writes the plots when matplotlib is installed and returns the
     summary.md section linking them (or saying how to get them)."""
     if not matplotlib_available():
-        return (f"\n## Plots\n\nmatplotlib is not installed: `{INSTALL_HINT}`, then "
+        return (f"\n{PLOTS_HEADING}\n\nmatplotlib is not installed: `{INSTALL_HINT}`, then "
                 f"`kernelbench plot {folder}` draws this report's plots.\n")
     try:
         paths = write_plots(folder, rows)
     except Exception as exc:  # a plot must never cost the report its summary
-        return f"\n## Plots\n\nplotting failed: {type(exc).__name__}: {exc}\n"
-    if not paths:
-        return ""
-    links = "\n\n".join(f"![{p.stem}]({p.name})" for p in paths)
-    return f"\n## Plots\n\n{links}\n"
+        return f"\n{PLOTS_HEADING}\n\nplotting failed: {type(exc).__name__}: {exc}\n"
+    return plots_section(paths)
+
+
+def update_summary(folder: Path, paths: list[Path]) -> bool:
+    """Puts the section linking ``paths`` in the folder's summary.md in place of its own (one
+    that says how to get the plots, or links older ones); True when summary.md changed."""
+    summary = Path(folder) / "summary.md"
+    if not summary.is_file() or not paths:
+        return False
+    text = summary.read_text()
+    start = text.find(f"\n{PLOTS_HEADING}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + len(PLOTS_HEADING) + 2)
+        text = text[:start] + (text[end:] if end >= 0 else "")
+    summary.write_text(text.rstrip("\n") + "\n" + plots_section(paths))
+    return True
+
+
+def _read_json(path: Path) -> dict:
+    """A report's JSON file ({} when there is none); ReportError when it is unreadable."""
+    from .writer import ReportError
+
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, OSError) as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path}: expected a JSON object, found a {type(doc).__name__}")
+    return doc

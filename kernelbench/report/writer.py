@@ -177,15 +177,23 @@ def load_report(folder: Path) -> tuple[dict, pd.DataFrame]:
             raise ReportError(f"{json_path}: expected a JSON object, found a {type(meta).__name__}")
         if not isinstance(meta.get("environment", {}), dict):
             raise ReportError(f"{json_path}: 'environment' is not an object")
-    try:
-        rows = pd.read_csv(csv_path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
-        raise ReportError(f"{csv_path}: not a readable results file ({type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'empty'})") from None
-    missing = [c for c in ROW_FIELDS if c not in rows.columns and c != "tensor"]
-    if missing:
-        raise ReportError(f"{csv_path}: not a kernelbench results file: no column {', '.join(missing)} "
-                          f"(expected: {', '.join(ROW_FIELDS)})")
+    rows = read_csv(csv_path, [c for c in ROW_FIELDS if c != "tensor"], what="results")
     if "tensor" not in rows.columns:
         rows["tensor"] = ""
     return meta, rows
+
+
+def read_csv(path: Path, columns, *, what: str) -> pd.DataFrame:
+    """A report's CSV file with at least ``columns``; a ReportError names the file and what is
+    wrong with it (unreadable, empty, cut short, other columns)."""
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        text = str(exc).strip()
+        raise ReportError(f"{path}: not a readable {what} file ({type(exc).__name__}: "
+                          f"{text.splitlines()[0] if text else 'empty'})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ReportError(f"{path}: not a kernelbench {what} file: no column {', '.join(missing)} "
+                          f"(expected: {', '.join(columns)})")
+    return frame
