@@ -474,5 +474,14 @@ def autoselect(
              "median ms": "not measured" if ms is None else ms} for impl, ms in report["times_ms"].items()]
     out.table(f"autoselect {op} {shape} {dtype} {mode}", rows, name="autoselect")
     out.flush()
-    out.note(f"choice: {report['choice']} ({report['reason']}); source: {report['source']}; "
-             f"cache: {report['cache_file']}")
+    out.note(f"choice: {report['choice']} ({report['reason']}); {_autoselect_source(report)}")
+
+
+def _autoselect_source(report: dict) -> str:
+    """Where an autoselect answer came from, naming the cache file only where it exists."""
+    if not report.get("measured", True):
+        return "source: not measured, so nothing was cached"
+    source = {"measured": "measured now", "memory": "this process's earlier answer",
+              "file": "the cache file"}.get(report["source"], report["source"])
+    cache = Path(report["cache_file"])
+    return f"source: {source}; " + (f"cache: {cache}" if cache.is_file() else f"not cached ({cache} was not written)")

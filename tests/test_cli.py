@@ -295,3 +295,92 @@ def test_a_suite_runs_dist_adamw_through_the_registry(tmp_path):
     assert set(rows.op) == {"dist-adamw"} and set(rows.workload) == {"tiny"}
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
     assert medians.loc["allreduce+torch-fused", "status"] == "ok"
+
+
+# -- the closing lines and messages that say what happened ---------------------------------------
+def test_every_run_ends_with_a_tally(tmp_path):
+    result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "-c", "torch-forloop", "-c", "triton",
+                    "--rep-ms", "5", "--warmup-ms", "1", "--parity-steps", "1", "--output-dir", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == "2 ok, 0 failed, 0 skipped, 1 not measured"
+    failed = invoke("parity", "adamw", "--steps", "1", "-w", "tiny", "-c", "torch-fused", "--atol", "0", "--rtol",
+                    "0", "--device", "cpu", "--output-dir", tmp_path / "p")
+    assert failed.exit_code == 1 and failed.stdout.strip().splitlines()[-1] == "0 ok, 1 failed, 0 skipped"
+    nothing = invoke("run", "adam-mini", "-w", "llama-tiny", "-c", "torch-adamw-fused", "--device", "cpu",
+                     "--output-dir", tmp_path / "n")
+    assert nothing.exit_code == 4 and nothing.stdout.strip().splitlines()[-1] == "0 ok, 0 failed, 1 skipped"
+
+
+def test_autoselect_without_cuda_says_nothing_was_measured_or_cached(tmp_path):
+    result = runner.invoke(app, ["autoselect", "rmsnorm", "--shape", "16x2048x4096"], catch_exceptions=False,
+                           env={"COLUMNS": "200", "KERNELBENCH_CACHE_DIR": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert "source: measured" not in result.output and "not measured, so nothing was cached" in result.output
+    assert "cache:" not in result.output and not list(tmp_path.iterdir())
+
+
+def test_autoselect_names_the_cache_file_only_where_it_exists(tmp_path):
+    from kernelbench.cli import _autoselect_source
+
+    cache = tmp_path / "autoselect.json"
+    report = {"source": "measured", "measured": True, "cache_file": str(cache)}
+    assert "not cached" in _autoselect_source(report) and "cache:" not in _autoselect_source(report)
+    cache.write_text("{}")
+    assert _autoselect_source(report) == f"source: measured now; cache: {cache}"
+    assert _autoselect_source({**report, "source": "file"}).startswith("source: the cache file")
+
+
+def test_compare_without_run_json_says_so(tmp_path):
+    base = _bench(tmp_path, "base")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "results.csv").write_text((base / "results.csv").read_text())
+    refused = invoke("compare", base, bare)
+    assert refused.exit_code == 2, refused.output
+    assert f"NEW {bare} has no run.json" in refused.output and "different environments" not in refused.output
+    forced = invoke("compare", base, bare, "--force")
+    assert forced.exit_code == 0 and "has no run.json" in forced.output
+
+
+def test_dist_adamw_parity_reaches_the_tables_and_junit(tmp_path):
+    result = invoke("run", "dist-adamw", "--nproc", "2", "--steps", "1", "-w", "tiny", "--output-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "run: parity" in result.output and "elements within atol" in result.output
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "1" and suite.get("failures") == "0"
+    (case,) = suite.iter("testcase")
+    assert case.get("classname") == "kernelbench.parity.dist-adamw" and case.get("name").endswith("/sharded-zero1")
+
+
+def test_a_failing_dist_adamw_parity_row_fails_the_run(tmp_path, monkeypatch):
+    from kernelbench.ops import dist_adamw
+
+    result = {"op": "dist-adamw", "workload": "tiny", "world_size": 2, "bucket_mb": 256.0, "gather_group": True,
+              "timing": "host clock; CPU ranks on Gloo, kernels in the Triton interpreter: not a measurement",
+              "metrics_ms": {m: {"median": 1.0, "p25": 1.0, "p75": 1.0, "iqr": 0.0, "min": 1.0, "reps": 1}
+                             for m in dist_adamw.METRICS},
+              "state_bytes_per_rank": {"sharded": {"allocated_delta": [None]},
+                                       "allreduce_fused": {"allocated_delta": [None]}},
+              "parity": {"after_steps": 1, "max_abs_diff": 1e-3, "max_rel_diff": 1e-3, "rel_floor": 1e-3,
+                         "atol": 1e-6, "rtol": 1e-5, "n_outside": 7, "numel": 100}}
+    monkeypatch.setattr(dist_adamw, "launch_workload", lambda *args, **kwargs: result)
+    failed = invoke("run", "dist-adamw", "-w", "tiny", "--output-dir", tmp_path)
+    assert failed.exit_code == 1, failed.output
+    assert "parity failed: dist-adamw/tiny/" in failed.output
+    failure = ET.parse(tmp_path / "junit.xml").getroot().find(".//failure")
+    assert "7 of 100 elements outside atol 1e-06, rtol 1e-05" in failure.get("message")
+
+
+def test_config_validation_reports_every_bad_value(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[suite]\nrounds = 0\nrep_ms = -1\ncolour = "red"\n'
+                   '[[bench]]\nop = "adamw"\nworkloads = ["tiny", "huge"]\ncandidates = ["torch-fusd"]\n'
+                   '[[parity]]\nop = "rmsnrm"\nsteps = 0\n')
+    result = invoke("run", "--config", bad)
+    assert result.exit_code == 2, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
+    for expected in ("7 problems", "[suite].rounds = 0: must be at least 1",
+                     "[suite].rep_ms = -1: must be greater than 0", "unknown key 'colour' in [suite]", "'huge'",
+                     "Did you mean 'torch-fused'",
+                     "[[parity]] #1.steps = 0", "Did you mean 'rmsnorm'"):
+        assert expected in line, expected

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..ops.base import UsageError
-from .writer import ReportError, load_report
+from .writer import RUN_JSON, ReportError, load_report
 
 KEYS = ["op", "workload", "mode", "candidate"]
 # What must match for two runs' times to be comparable at all.
@@ -69,7 +69,14 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
     for label, folder, rows in (("BASE", base, base_rows), ("NEW", new, new_rows)):
         if rows.empty:
             raise UsageError(f"{label} {folder}: the report has no rows: nothing to compare")
-    mismatches = fingerprint_mismatches(base_meta.get("environment", {}), new_meta.get("environment", {}))
+    unknown = [f"{label} {folder} has no run.json" if not (Path(folder) / RUN_JSON).is_file()
+               else f"{label} {folder}/{RUN_JSON} records no environment"
+               for label, folder, meta in (("BASE", base, base_meta), ("NEW", new, new_meta))
+               if not meta.get("environment")]
+    if unknown and not force:
+        raise UsageError("; ".join(unknown) + ": which GPU and versions its times come from is unknown. "
+                         "Pass --force to compare anyway.")
+    mismatches = unknown or fingerprint_mismatches(base_meta.get("environment", {}), new_meta.get("environment", {}))
     if mismatches and not force:
         raise UsageError("refusing to compare runs from different environments ("
                          + "; ".join(mismatches) + "): their times are not comparable. "
