@@ -607,3 +607,50 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
     slower = step("Compare with main")
     assert slower.returncode == 3, slower.stderr
     assert "(exit 3)" in summary.read_text() and "| regression |" in summary.read_text()
+
+
+# -- 15. narrow terminals ------------------------------------------------------------------------
+def _terminal_output(width):
+    from kernelbench.report.output import Output, _Console
+
+    out = Output()
+    out.out = _Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None, highlight=False,
+                       emoji=False, markup=False)
+    return out
+
+
+def _speed_rows():
+    """A speed table as a GPU run prints it: long workload names, every figure column, notes."""
+    rows = []
+    for w in ("32768x4096-bf16", "llama-1b-8192x8192-bf16"):
+        for cand, ms in (("torch-compile", 0.1423), ("triton", 0.1311), ("torch-fused-capturable", 12.5)):
+            rows.append({"op": "rmsnorm", "workload": w, "mode": "fwd+bwd", "candidate": cand, "median ms": ms,
+                         "IQR %": 1.87, "vs anchor": 0.921, "GB/s": 3012.4, "% copy": 91.3, "peak MB": 1024.0,
+                         "status": "ok", "notes": "noisy, host-bound: the host's time per call decides the speed"})
+    return rows
+
+
+@pytest.mark.parametrize("width", [80, 60, 40])
+def test_a_narrow_terminal_never_splits_a_number_or_a_name(width):
+    out = _terminal_output(width)
+    rows = _speed_rows()
+    out.table("run: speed", rows, name="speed")
+    text = out.out.file.getvalue()
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines), text
+    for value in ("0.142", "0.131", "12.5", "1.87", "0.921", "3,012", "91.3", "1,024", "llama-1b-8192x8192-bf16",
+                  "torch-fused-capturable", "32768x4096-bf16"):
+        assert any(value in line for line in lines), (value, text)
+    if width == 80:  # compact: a table per workload, one line per row, constant columns in the title
+        assert "run: speed (op rmsnorm, mode fwd+bwd" in text and "workload llama-1b-8192x8192-bf16" in text
+        assert sum("torch-fused-capturable" in x and "12.5" in x for x in lines) == 2
+
+
+def test_list_at_60_columns_fits_and_keeps_names_whole():
+    result = kb("list", env={"COLUMNS": "60"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(len(line.rstrip()) <= 60 for line in lines)
+    assert any(line.strip() == "adafactor  triton-8bit" for line in lines)
+    whole = kb("list").stdout  # no terminal, no $COLUMNS: one row per line at full width
+    assert any("adafactor" in line and "triton-8bit" in line and "interpreter" in line for line in whole.splitlines())
