@@ -280,7 +280,7 @@ def parity(
     with usage_errors(out):
         request = parity_request(op, steps=steps, atol=atol, rtol=rtol, candidates=candidate, workloads=workload,
                                  modes=mode, state=state, device=device, output_dir=output_dir,
-                                 parity_detail=parity_detail or "worst", seed=seed)
+                                 parity_detail=parity_detail, seed=seed)
     _run_and_print(out, request)
 
 
@@ -371,13 +371,14 @@ def train_cmd(
         "--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
     seq: Annotated[int | None, typer.Option(
         "--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the initial weights and of the token stream.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the initial weights and of the token stream "
+                                                           "[default: 0].")] = None,
     lr: Annotated[float | None, typer.Option(
         "--lr", help="Learning rate for every candidate (default: the op's).")] = None,
-    rtol: Annotated[float, typer.Option("--rtol", help="The band is widened by rtol x the reference's final loss on "
-                                                       "each side.")] = 0.01,
-    ref_seeds: Annotated[int, typer.Option("--ref-seeds", help="Data orders the reference is trained with; their "
-                                                               "spread is the band.")] = 3,
+    rtol: Annotated[float | None, typer.Option("--rtol", help="The band is widened by rtol x the reference's final "
+                                                              "loss on each side [default: 0.01].")] = None,
+    ref_seeds: Annotated[int | None, typer.Option("--ref-seeds", help="Data orders the reference is trained with; "
+                                                                      "their spread is the band [default: 3].")] = None,
     model: Annotated[str | None, typer.Option("--model", help="A kernelbench.models config (default: llama-7m on "
                                                               "CUDA, llama-tiny on the CPU).")] = None,
     candidate: CandidateOpt = None,
@@ -421,15 +422,16 @@ def plot_cmd(
 ) -> None:
     """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
     out = Output(Format.table)
-    from .report.plot import INSTALL_HINT, matplotlib_available, update_summary, write_plots
+    from .report.plot import INSTALL_HINT, check_plottable, matplotlib_available, update_summary, write_plots
     from .report.writer import ReportError
 
     if not matplotlib_available():
         raise fail(out, f"plot needs matplotlib: {INSTALL_HINT}")
-    for folder in report_dirs:
-        if not folder.is_dir() or not any((folder / f).is_file() for f in ("results.csv", "compare.csv", "losses.csv")):
-            raise fail(out, f"{folder}: not a report folder (accepted: a folder holding results.csv, losses.csv "
-                            "or compare.csv)")
+    try:
+        for folder in report_dirs:
+            check_plottable(folder)
+    except ReportError as exc:
+        raise fail(out, str(exc)) from None
     for folder in report_dirs:
         try:
             paths = write_plots(folder)

@@ -21,7 +21,7 @@ from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
 from .memory import peak_memory_delta
 from .parity import ParityTracker
 from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, Row, RowSink
-from .settings import PARITY_DETAIL
+from .settings import DEFAULT_PARITY_DETAIL, PARITY_DETAIL
 from .stats import Stats, summarize
 from .timing import HOST_MODE, TimingConfig, time_cpu, time_cuda, time_host
 
@@ -345,7 +345,7 @@ WORST_TENSORS = 3
 
 
 def run_parity(plan: Iterable[PlanItem], device: str, sink: RowSink, *, steps: int,
-               atol: float | None = None, rtol: float | None = None, detail: str = "worst",
+               atol: float | None = None, rtol: float | None = None, detail: str = DEFAULT_PARITY_DETAIL,
                on_progress: Callable[[str], None] | None = None) -> RunSummary:
     """Runs the reference and every runnable candidate from identical seeded inputs for
     ``steps`` steps (optimizers: the same gradient stream; functions: fresh inputs per step)
@@ -373,7 +373,7 @@ def run_parity(plan: Iterable[PlanItem], device: str, sink: RowSink, *, steps: i
 
 def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode: str, device: str,
                   steps: int, override: Tolerance | None, emit: _Emitter, summary: RunSummary,
-                  detail: str = "worst") -> None:
+                  detail: str = DEFAULT_PARITY_DETAIL) -> None:
     def fail_all(message: str) -> None:
         for cand in runnable:
             emit.check_failed(op, workload, mode, cand.name, message)
@@ -477,7 +477,7 @@ class _Tracker:
 
 
 def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
-                 tracker: _Tracker, steps: int, detail: str = "worst") -> list[Row]:
+                 tracker: _Tracker, steps: int, detail: str = DEFAULT_PARITY_DETAIL) -> list[Row]:
     rows = []
     failing = []
     entries = list(tracker.tensors)

@@ -65,7 +65,8 @@ USER_SETTINGS: dict[str, Setting] = {
 }
 PARITY_STEPS = 10  # optimizer steps / input draws a parity check compares by default
 PARITY_STEPS_BOUND = Bound(1)
-PARITY_DETAIL = ("worst", "full")
+PARITY_DETAIL = ("worst", "full")  # per-tensor rows a parity check keeps (see harness.runner)
+DEFAULT_PARITY_DETAIL = PARITY_DETAIL[0]
 
 
 def out_of_bounds(values: Mapping[str, Any]) -> list[tuple[str, Any, Bound]]:

@@ -394,6 +394,18 @@ def plot_compare(table: pd.DataFrame, folder: Path) -> Path:
 # ------------------------------------------------------------------------------------------------
 
 
+PLOTTED_FILES = ("results.csv", "losses.csv", "compare.csv")
+
+
+def check_plottable(folder: Path) -> None:
+    """ReportError unless ``folder`` holds a file plots are drawn from."""
+    from .writer import ReportError
+
+    if not folder.is_dir() or not any((folder / f).is_file() for f in PLOTTED_FILES):
+        raise ReportError(f"{folder}: not a report folder (accepted: a folder holding {', '.join(PLOTTED_FILES[:-1])} "
+                          f"or {PLOTTED_FILES[-1]})")
+
+
 def write_plots(folder: Path, rows: pd.DataFrame | None = None) -> list[Path]:
     """Every plot the folder's files support (see the module docstring); the paths written.
     A file that cannot be read raises ReportError naming it."""

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..harness.settings import PARITY_DETAIL, PARITY_STEPS_BOUND, USER_SETTINGS, Bound, timing_config
+from ..harness.settings import (
+    DEFAULT_PARITY_DETAIL,
+    PARITY_DETAIL,
+    PARITY_STEPS_BOUND,
+    USER_SETTINGS,
+    Bound,
+    timing_config,
+)
 from ..ops import get_op, load_all
 from ..ops.base import UsageError
 from ..ops.launched_op import LaunchedOp, OpOption
@@ -190,7 +197,7 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
     return RunRequest("run", options.op, bench=(entry,), parity=parity, device=options.device,
                       timing=timing_config(options.timing_values()), seed=options.seed or 0,
                       telemetry=bool(options.telemetry), op_options=dict(options.op_options),
-                      output=OutputSettings(options.output_dir, options.parity_detail or "worst"))
+                      output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL))
 
 
 def _suite_request(options: RunOptions, listener: Listener) -> RunRequest:
@@ -211,7 +218,8 @@ def _suite_request(options: RunOptions, listener: Listener) -> RunRequest:
     recorded = {k: v for k, v in suite.settings.items() if k not in USER_SETTINGS}
     return RunRequest("run", config.stem, bench=tuple(suite.bench), parity=tuple(suite.parity), device=device,
                       timing=timing, seed=options.seed or 0,
-                      output=OutputSettings(options.output_dir, options.parity_detail or "worst"), recorded=recorded)
+                      output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL),
+                      recorded=recorded)
 
 
 def _cuda_visible() -> bool:
@@ -223,11 +231,13 @@ def _cuda_visible() -> bool:
 def parity_request(op: str, *, steps: int, atol: float | None = None, rtol: float | None = None,
                    candidates: list[str] | None = None, workloads: list[str] | None = None,
                    modes: list[str] | None = None, state: str | None = None, device: str = "auto",
-                   output_dir: Path | None = None, parity_detail: str = "worst", seed: int | None = None) -> RunRequest:
+                   output_dir: Path | None = None, parity_detail: str | None = None,
+                   seed: int | None = None) -> RunRequest:
     """The request ``kernelbench parity`` makes: every runnable candidate against the reference."""
     check_bound("--steps", steps, PARITY_STEPS_BOUND)
     check_bound("--atol", atol, Bound(0))
     check_bound("--rtol", rtol, Bound(0))
+    parity_detail = parity_detail or DEFAULT_PARITY_DETAIL
     check_parity_detail(parity_detail)
     check_output_dir(output_dir)
     tags = {"state": state} if state else {}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.rows import Tally
-from ..harness.settings import DEFAULT_TIMING, PARITY_STEPS, TimingConfig
+from ..harness.settings import DEFAULT_PARITY_DETAIL, DEFAULT_TIMING, PARITY_STEPS, TimingConfig
 
 
 @dataclass
@@ -39,7 +39,7 @@ class OutputSettings:
     each parity check it keeps ("worst" or "full" per-tensor rows)."""
 
     folder: Path | None = None
-    parity_detail: str = "worst"
+    parity_detail: str = DEFAULT_PARITY_DETAIL
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,10 @@ class TrainRequest:
     steps: int | None = None
     batch: int | None = None
     seq: int | None = None
-    seed: int = 0
+    seed: int | None = None
     lr: float | None = None
-    rtol: float = 0.01
-    ref_seeds: int = 3
+    rtol: float | None = None
+    ref_seeds: int | None = None
     candidates: list[str] | None = None
     tags: dict[str, str] = field(default_factory=dict)
     output: OutputSettings = OutputSettings()

@@ -114,7 +114,7 @@ class Session:
             nonlocal result
             result = run_training(request.op, candidates, settings, writer, folder, on_progress=self.listener.progress)
 
-        writer, interruption = self._recorded(folder, fingerprint(device, request.seed), "train", {}, work)
+        writer, interruption = self._recorded(folder, fingerprint(device, settings.seed), "train", {}, work)
         outcome = Outcome("train", folder, writer.rows, detail=result)
         if interruption:
             outcome.status, outcome.interruption = Status.INTERRUPTED, interruption
