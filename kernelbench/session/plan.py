@@ -11,12 +11,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..ops import get_op
-from ..ops.base import UsageError
+from ..ops.base import Op, UsageError, Workload
 from ..ops.launched_op import LaunchedOp
 from .request import Entry
 
 if TYPE_CHECKING:
     from ..harness.runner import PlanItem
+
+
+def resolve_workload(op: Op, name: str) -> Workload:
+    """The workload an entry names (every entry's workload names are resolved here)."""
+    return op.workload(name)
 
 
 def is_launched(entry: Entry) -> bool:
@@ -32,7 +37,7 @@ def check_entry(entry: Entry, *, parity: bool = False) -> None:
         raise UsageError(op.not_a_case())
     op.select(entry.candidates, entry.tags)
     for name in entry.workloads or []:
-        op.workload(name)
+        resolve_workload(op, name)
     for mode in entry.modes or []:
         if mode not in op.modes():
             raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
@@ -71,7 +76,7 @@ def workload_names(entry: Entry, device: str) -> list[str]:
     """The entry's workloads, else its op's default ones for ``device``."""
     op = get_op(entry.op)
     if entry.workloads:
-        return [op.workload(name).name for name in entry.workloads]
+        return [resolve_workload(op, name).name for name in entry.workloads]
     return [w.name for w in op.workloads_for(tier(device))]
 
 
@@ -84,7 +89,7 @@ def plan(entries: Sequence[Entry], device: str, seed: int) -> list[PlanItem]:
     for e in entries:
         op = get_op(e.op)
         candidates = [c for c in op.select(e.candidates, e.tags) if c.name not in e.exclude]
-        workloads = [op.workload(w) for w in e.workloads] if e.workloads else op.workloads_for(tier(device))
+        workloads = [resolve_workload(op, w) for w in e.workloads] if e.workloads else op.workloads_for(tier(device))
         if seed:
             workloads = [dataclasses.replace(w, seed=w.seed + seed) for w in workloads]
         modes = e.modes or list(op.modes())
