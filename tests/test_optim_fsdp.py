@@ -8,8 +8,8 @@ import functools
 import pytest
 import torch
 
-from kernelbench.dist.spawn import run_ranks
 from kernelbench.distributed.fsdp import FsdpParityRequest, fsdp_parity_rank
+from kernelbench.distributed.spawn import run_ranks
 from kernelbench.models.llama import LlamaConfig
 
 # Odd sizes: 37 vocabulary rows and 24 hidden split unevenly over 2 and 3 ranks, heads of 6 rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelbench.dist.spawn import run_ranks
+from kernelbench.distributed.spawn import run_ranks
 
 
 class _Subclass(torch.Tensor):

@@ -3,8 +3,6 @@ the current one: the step runs on the parameters' GPU, and a group spread over t
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
