@@ -23,7 +23,15 @@ from .ops import load_all
 from .ops.base import UsageError
 from .report.output import Format, Output
 from .session import Listener, Outcome, Session, Status, TrainRequest
-from .session.options import OutputSettings, RunOptions, check_train, op_option_help, parity_request, run_request
+from .session.options import (
+    OutputSettings,
+    RunOptions,
+    check_fsdp,
+    check_train,
+    op_option_help,
+    parity_request,
+    run_request,
+)
 from .session.signals import interruption_code
 
 
@@ -129,6 +137,10 @@ StateOpt = Annotated[str | None, typer.Option("--state", help="Optimizer state d
 OutputOpt = Annotated[Path | None, typer.Option("--output-dir", "-o", help="Report folder (default reports/<UTC "
                                                                            "time>-<verb>-<op>/; made if missing).")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Added to every workload's seed [default: 0].")]
+FsdpOpt = Annotated[bool, typer.Option("--fsdp", help="Optimizer ops: the model's parameters sharded by FSDP2's "
+                                                      "fully_shard over --nproc ranks (torch.distributed.run; CPU "
+                                                      "ranks on Gloo without GPUs).")]
+NprocOpt = Annotated[int | None, typer.Option("--nproc", help="Ranks of --fsdp, >= 1 [default: 2].")]
 FormatOpt = Annotated[Format, typer.Option(
     "--format", case_sensitive=False,
     help="table (text), markdown, json (an array of objects, one per row, each naming its table) or csv. "
@@ -274,13 +286,19 @@ def parity(
     fmt: FormatOpt = Format.table,
     parity_detail: ParityDetailOpt = None,
     seed: SeedOpt = None,
+    fsdp: FsdpOpt = False,
+    nproc: NprocOpt = None,
 ) -> None:
-    """Check every runnable candidate against the op's reference from identical seeded inputs."""
+    """Check every runnable candidate against the op's reference from identical seeded inputs.
+
+    With --fsdp (optimizer ops): each candidate with its parameters sharded by FSDP2's fully_shard
+    over --nproc ranks against itself on the unsharded model, from the same weights and gradients;
+    -w names a kernelbench.models config (default: llama-7m on CUDA, llama-tiny on CPU ranks)."""
     out = Output(fmt)
     with usage_errors(out):
         request = parity_request(op, steps=steps, atol=atol, rtol=rtol, candidates=candidate, workloads=workload,
                                  modes=mode, state=state, device=device, output_dir=output_dir,
-                                 parity_detail=parity_detail, seed=seed)
+                                 parity_detail=parity_detail, seed=seed, fsdp=fsdp, nproc=nproc)
     _run_and_print(out, request)
 
 
@@ -386,14 +404,17 @@ def train_cmd(
     device: DeviceOpt = "auto",
     output_dir: OutputOpt = None,
     fmt: FormatOpt = Format.table,
+    fsdp: FsdpOpt = False,
+    nproc: NprocOpt = None,
 ) -> None:
     """Train a small Llama-style model with every candidate of OP (same weights, same batches) and
     judge each final loss against the band of the reference's seed-to-seed spread; exit 1 when one fails."""
     out = Output(fmt)
-    request = TrainRequest(op, device=device, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,
-                           rtol=rtol, ref_seeds=ref_seeds, candidates=candidate,
-                           tags={"state": state} if state else {}, output=OutputSettings(output_dir))
     with usage_errors(out):
+        request = TrainRequest(op, device=device, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,
+                               rtol=rtol, ref_seeds=ref_seeds, candidates=candidate,
+                               tags={"state": state} if state else {}, output=OutputSettings(output_dir),
+                               fsdp_nproc=check_fsdp(fsdp, nproc))
         check_train(request)
     shown = Shown(out)
     with usage_errors(out), shown.spinner():

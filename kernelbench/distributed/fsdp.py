@@ -53,12 +53,17 @@ def make_mesh(device: torch.device, world: int, shape: tuple[int, ...] = ()):
 
 
 def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
-    """``fully_shard`` every decoder layer, then the root (torchtitan's wrapping of a Llama)."""
-    from torch.distributed.fsdp import fully_shard
+    """``fully_shard`` the attention and the MLP of every decoder layer, then the root, whose group
+    holds the embedding, the norms and the head (kernelbench's Llama applies a layer's input norm
+    before the layer itself, fused with the residual add, so the norms cannot be the layer's)."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
+        fully_shard(layer.self_attn, mesh=mesh)
+        fully_shard(layer.mlp, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if hasattr(model, "loss"):  # Llama.loss calls forward itself: FSDP's hooks must run around it
+        register_fsdp_forward_method(model, "loss")
     return model
 
 
@@ -169,23 +174,53 @@ def compare_runs(step: int, plain: torch.nn.Module, sharded: torch.nn.Module, pl
     return rows
 
 
-def fsdp_parity_rank(rank: int, world: int, request: FsdpParityRequest) -> list[dict[str, Any]]:
-    """Run on every rank of an initialised process group: ``request.steps`` steps of the sharded
-    and the plain run; returns the comparison rows of every step (the same on every rank)."""
+def run_pair(rank: int, world: int, request: FsdpParityRequest,
+             observe: Callable[[int, torch.nn.Module, torch.nn.Module, Any, Any], None]) -> None:
+    """``request.steps`` steps of the sharded and the plain run from the same weights and
+    gradients; ``observe(step, plain, sharded, plain_opt, sharded_opt)`` after each (on every rank)."""
     device = device_for(rank)
     mesh = make_mesh(device, world, request.mesh_shape)
     plain, sharded = build_pair(request.config, request.seed, device, mesh, request.param_dtype)
     plain_opt = request.factory(list(plain.named_parameters()))
     sharded_opt = request.factory(list(sharded.named_parameters()))
-    rows: list[dict[str, Any]] = []
     for step in range(1, request.steps + 1):
         grads = full_grads(plain.named_parameters(), step, request.seed, request.grad_scale, device)
         set_grads(plain, sharded, grads)
         plain_opt.step()
         sharded_opt.step()
-        rows += compare_runs(step, plain, sharded, plain_opt, sharded_opt, request.compare_state)
+        observe(step, plain, sharded, plain_opt, sharded_opt)
     dist.barrier()
+
+
+def fsdp_parity_rank(rank: int, world: int, request: FsdpParityRequest) -> list[dict[str, Any]]:
+    """Run on every rank of an initialised process group: ``request.steps`` steps of the sharded
+    and the plain run; returns the comparison rows of every step (the same on every rank)."""
+    rows: list[dict[str, Any]] = []
+
+    def observe(step, plain, sharded, plain_opt, sharded_opt) -> None:
+        rows.extend(compare_runs(step, plain, sharded, plain_opt, sharded_opt, request.compare_state))
+
+    run_pair(rank, world, request, observe)
     return rows
+
+
+def named_tensors(model: torch.nn.Module, optimizer, like: dict[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """Every parameter and state tensor by name (``param`` and ``param.key``), DTensors gathered
+    whole (a collective: every rank calls it in the same order). With ``like`` (the plain run's),
+    a tensor of another shape but the same size is reshaped to it (Adam-mini's q / k m)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        out[name] = _full(p.detach())
+        for key, value in sorted(optimizer.state.get(p, {}).items()):
+            if isinstance(value, torch.Tensor):
+                out[f"{name}.{key}"] = _full(value.detach())
+    if like is not None:
+        for name, t in out.items():
+            ref = like.get(name)
+            if ref is not None and ref.shape != t.shape and ref.numel() == t.numel():
+                out[name] = t.reshape(ref.shape)
+    return out
 
 
 @dataclass(frozen=True)

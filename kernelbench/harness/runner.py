@@ -400,7 +400,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
     for cand in runnable:
         try:
             cases[cand.name] = op.make_case(cand, workload, device, mode)
-            trackers[cand.name] = _Tracker(op, cand, override)
+            trackers[cand.name] = CandidateTracker(op, cand, override)
         except Exception as exc:
             emit.check_failed(op, workload, mode, cand.name, _error_message(exc))
     for step in range(steps):
@@ -426,7 +426,7 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
     for name in cases:
         tracker = trackers[name]
         emit.count_check(op, workload, mode, name, tracker.passed)
-        for row in _parity_rows(op, workload, mode, name, ref_name, tracker, steps, detail):
+        for row in parity_rows(op, workload, mode, name, ref_name, tracker, steps, detail):
             emit(row)
 
 
@@ -439,7 +439,7 @@ def _finite(value) -> float:
     return float("inf") if value != value else value
 
 
-class _Tracker:
+class CandidateTracker:
     """One ParityTracker per tolerance, since a bf16 state tensor, an fp32 param and a reduced
     gradient of the same candidate can be held to different tolerances."""
 
@@ -476,8 +476,8 @@ class _Tracker:
         return bool(entries) and all(e.passed for _, e in entries)
 
 
-def _parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
-                 tracker: _Tracker, steps: int, detail: str = DEFAULT_PARITY_DETAIL) -> list[Row]:
+def parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
+                 tracker: CandidateTracker, steps: int, detail: str = DEFAULT_PARITY_DETAIL) -> list[Row]:
     rows = []
     failing = []
     entries = list(tracker.tensors)

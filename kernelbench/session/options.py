@@ -232,8 +232,10 @@ def parity_request(op: str, *, steps: int, atol: float | None = None, rtol: floa
                    candidates: list[str] | None = None, workloads: list[str] | None = None,
                    modes: list[str] | None = None, state: str | None = None, device: str = "auto",
                    output_dir: Path | None = None, parity_detail: str | None = None,
-                   seed: int | None = None) -> RunRequest:
-    """The request ``kernelbench parity`` makes: every runnable candidate against the reference."""
+                   seed: int | None = None, fsdp: bool = False, nproc: int | None = None) -> RunRequest:
+    """The request ``kernelbench parity`` makes: every runnable candidate against the reference
+    (with ``fsdp``: each candidate under FSDP2 on ``nproc`` ranks against itself unsharded)."""
+    fsdp_nproc = check_fsdp(fsdp, nproc)
     check_bound("--steps", steps, PARITY_STEPS_BOUND)
     check_bound("--atol", atol, Bound(0))
     check_bound("--rtol", rtol, Bound(0))
@@ -242,12 +244,26 @@ def parity_request(op: str, *, steps: int, atol: float | None = None, rtol: floa
     check_output_dir(output_dir)
     tags = {"state": state} if state else {}
     entry = Entry(op, workloads, candidates, modes, tags, steps=steps, atol=atol, rtol=rtol)
-    check_entry(entry, parity=True)
+    if fsdp_nproc is None:
+        check_entry(entry, parity=True)
+    elif modes:
+        raise UsageError("-m/--mode does not apply under --fsdp (an optimizer's step has one mode)")
     return RunRequest("parity", op, parity=(entry,), device=device, seed=seed or 0,
-                      output=OutputSettings(output_dir, parity_detail))
+                      output=OutputSettings(output_dir, parity_detail), fsdp_nproc=fsdp_nproc)
+
+
+def check_fsdp(fsdp: bool, nproc: int | None) -> int | None:
+    """--fsdp's rank count (2 unless --nproc says), or None without --fsdp; --nproc alone is an error."""
+    if nproc is not None and not fsdp:
+        raise UsageError("--nproc sets the ranks of --fsdp; add --fsdp (dist-adamw takes --nproc under run)")
+    if not fsdp:
+        return None
+    check_bound("--nproc", nproc, Bound(1))
+    return nproc or 2
 
 
 def check_train(request: TrainRequest) -> None:
     """What ``kernelbench train`` can check before torch is imported."""
     check_bound("--rtol", request.rtol, Bound(0))
+    check_bound("--nproc", request.fsdp_nproc, Bound(1))
     check_output_dir(request.output.folder)

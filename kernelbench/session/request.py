@@ -59,6 +59,7 @@ class RunRequest:
     op_options: dict[str, Any] = field(default_factory=dict)
     output: OutputSettings = OutputSettings()
     recorded: dict[str, Any] = field(default_factory=dict)
+    fsdp_nproc: int | None = None  # parity: each optimizer candidate under FSDP2 on this many ranks
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class TrainRequest:
     candidates: list[str] | None = None
     tags: dict[str, str] = field(default_factory=dict)
     output: OutputSettings = OutputSettings()
+    fsdp_nproc: int | None = None  # every run with the model under FSDP2 on this many ranks
 
 
 class Status(enum.Enum):

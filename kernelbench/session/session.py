@@ -41,7 +41,8 @@ class Session:
         timed = [e for e in request.bench if not is_launched(e)]
         device = resolve_device(request.device)
         bench_plan = plan(timed, device, request.seed)
-        parity_plans = [(e, plan([e], device, request.seed)) for e in request.parity]
+        # Under --fsdp the entries name models, not the op's workloads: the ranks check them.
+        parity_plans = [] if request.fsdp_nproc else [(e, plan([e], device, request.seed)) for e in request.parity]
         launches = [(get_op(e.op), workload_names(e, device)) for e in launched]
         if device == "cpu" and (bench_plan or parity_plans):
             self.listener.note("No CUDA device: running on the CPU. CPU candidates are timed with perf_counter; "
@@ -56,8 +57,10 @@ class Session:
         recorded = dict(request.recorded)
         if bench_plan:
             recorded.update(request.timing.as_dict())
-        if parity_plans:
+        if parity_plans or request.fsdp_nproc:
             recorded["parity_detail"] = request.output.parity_detail
+        if request.fsdp_nproc:
+            recorded["fsdp_nproc"] = request.fsdp_nproc
         recorded.update(op_settings)
 
         def work(writer) -> None:
@@ -91,6 +94,15 @@ class Session:
         for entry, items in parity_plans:
             run_parity(items, device, writer, steps=entry.steps, atol=entry.atol, rtol=entry.rtol,
                        detail=request.output.parity_detail, on_progress=self.listener.progress)
+        if request.fsdp_nproc:
+            from ..train.fsdp import parity_rows
+
+            for entry in request.parity:
+                for row in parity_rows(entry.op, device=device, nproc=request.fsdp_nproc, folder=writer.folder,
+                                       candidates=entry.candidates, tags=entry.tags, models=entry.workloads,
+                                       steps=entry.steps, seed=request.seed, detail=request.output.parity_detail,
+                                       atol=entry.atol, rtol=entry.rtol, on_progress=self.listener.progress):
+                    writer.add(row)
 
     # -- train ----------------------------------------------------------------------------------
     def train(self, request: TrainRequest) -> Outcome:
@@ -104,7 +116,7 @@ class Session:
         device = resolve_device(request.device)
         settings = TrainSettings.defaults(device, model=request.model, steps=request.steps, batch=request.batch,
                                           seq=request.seq, seed=request.seed, lr=request.lr, rtol=request.rtol,
-                                          ref_seeds=request.ref_seeds)
+                                          ref_seeds=request.ref_seeds, fsdp_nproc=request.fsdp_nproc)
         config = settings.validate()
         candidates = resolve(request.op, config, lr=request.lr, names=request.candidates, tags=request.tags)
         folder = request.output.folder or _default_folder("train", request.op)

@@ -90,6 +90,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
         for state in opt.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
+                    value = value.to_local() if hasattr(value, "to_local") else value  # this rank's share
                     storage = value.untyped_storage()
                     key = (storage.data_ptr(), str(value.device))
                     if key not in seen:
@@ -110,12 +111,27 @@ def initial_state(config: LlamaConfig, seed: int, device: str) -> dict[str, torc
 def train_run(candidate: TrainCandidate, config: LlamaConfig, init: Mapping[str, torch.Tensor],
               stream: MarkovStream, *, steps: int, batch: int, device: str, clip: float = 1.0,
               order_seed: int | None = None, check_every: int = 50,
-              on_step: Callable[[int], None] | None = None) -> RunLog:
+              on_step: Callable[[int], None] | None = None, shard_over: int | None = None) -> RunLog:
+    """One run. ``shard_over``: inside a process group of that many ranks, the model is sharded by
+    ``fully_shard`` (FSDP2) and each rank takes an equal share of every batch; the logged loss is
+    the mean over all of them, so the run computes what one device would."""
     order_seed = candidate.order_seed if order_seed is None else order_seed
     with torch.device(device):
         model = Llama(config, candidate.layers, impl=candidate.impl)
     model.load_state_dict(init)
     model.train()
+    share = slice(None)
+    if shard_over:
+        import torch.distributed as dist
+
+        from ..distributed.fsdp import make_mesh, shard_model
+
+        if batch % shard_over:
+            raise ValueError(f"a batch of {batch} sequences does not split over {shard_over} ranks; pass --batch "
+                             f"a multiple of {shard_over}")
+        per_rank = batch // shard_over
+        share = slice(dist.get_rank() * per_rank, (dist.get_rank() + 1) * per_rank)
+        model = shard_model(model, make_mesh(torch.device(device), shard_over))
     named = list(model.named_parameters())
     params = [p for _, p in named]
     optimizer = candidate.make_optimizer(named)
@@ -136,15 +152,19 @@ def train_run(candidate: TrainCandidate, config: LlamaConfig, init: Mapping[str,
             starts[step].record()
         else:
             host_times[step] = time.perf_counter()
-        seqs = stream.tokens[order[step]]
+        seqs = stream.tokens[order[step]][share]
         with autocast:
             loss = model.loss(seqs[:, :-1], seqs[:, 1:])
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses[step] = loss.detach()
-        norms[step] = norm.detach()
+        logged = loss.detach()
+        if shard_over:
+            dist.all_reduce(logged)  # the mean over every rank's equal share of the batch
+            logged = logged / shard_over
+        losses[step] = logged
+        norms[step] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm.detach()
         done = step + 1
         if on_step is not None:
             on_step(step)

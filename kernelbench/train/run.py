@@ -21,6 +21,7 @@ from ..harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row, Ro
 from ..harness.runner import _error_message
 from ..models import CONFIGS, LlamaConfig
 from ..ops.base import UsageError, unknown_name_error
+from . import fsdp
 from .band import Band, StepBand, Verdict, judge, make_band, step_band, tail_window
 from .data import ChainStats, MarkovStream
 from .loop import ROLE_ANCHOR, ROLE_REFERENCE, RunLog, TrainCandidate, initial_state, train_run
@@ -43,6 +44,7 @@ class TrainSettings:
     clip: float = 1.0
     successors: int = 8
     device: str = "cpu"
+    fsdp_nproc: int | None = None  # train every run with the model under FSDP2 on this many ranks
 
     @classmethod
     def defaults(cls, device: str, **given) -> TrainSettings:
@@ -162,12 +164,26 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     def row(name: str, metric: str, value, unit: str, status: str, message: str = "") -> None:
         if isinstance(value, float) and not math.isfinite(value):
             value = None
-        sink.add(Row(op_label, settings.model, MODE, name, metric, value, unit, status, message=message).as_dict())
+        sink.add(Row(op_label, settings.model, mode, name, metric, value, unit, status, message=message).as_dict())
+
+    sharded_logs = None
+    mode = f"{MODE}, fsdp {settings.fsdp_nproc} ranks" if settings.fsdp_nproc else MODE
+    if settings.fsdp_nproc:  # every run in one launch of ranks; the judging below is the same
+        runs = [(reference.name, s) for s in range(settings.ref_seeds)] if not reference.requires.unmet(device) else []
+        runs += [(c.name, c.order_seed) for c in candidates[1:] if not c.requires.unmet(device)]
+        progress(f"train {op_label} under FSDP2 on {settings.fsdp_nproc} ranks: {len(runs)} runs, "
+                 f"{settings.steps} steps each")
+        sharded_logs = fsdp.train_logs(op_label, runs, settings, folder)
 
     def run(cand: TrainCandidate, order_seed: int) -> RunLog:
-        progress(f"train {op_label}: {cand.name} (data order {order_seed}), {settings.steps} steps")
-        log = train_run(cand, config, init, stream, steps=settings.steps, batch=settings.batch, device=device,
-                        clip=settings.clip, order_seed=order_seed)
+        if sharded_logs is not None:
+            log = sharded_logs[(cand.name, order_seed)]
+            if isinstance(log, str):
+                raise RuntimeError(log)
+        else:
+            progress(f"train {op_label}: {cand.name} (data order {order_seed}), {settings.steps} steps")
+            log = train_run(cand, config, init, stream, steps=settings.steps, batch=settings.batch, device=device,
+                            clip=settings.clip, order_seed=order_seed)
         files.add_run(log)
         return log
 
