@@ -14,6 +14,7 @@ function, so ``TRITON_INTERPRET`` must be decided before the first import.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -22,6 +23,8 @@ from collections.abc import Iterable, Sequence
 import torch
 import triton
 import triton.language as tl
+
+from ._sharding import check_kernel_tensor
 
 # Param / state dtypes of the one-launch-per-group optimizers, and their Triton element types.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -51,6 +54,9 @@ def param_label(name: str | None, index: int, param: torch.Tensor) -> str:
 
 
 def check_device_supported(device: torch.device, who: str) -> None:
+    if device.type == "meta":
+        raise ValueError(f"{who}: the parameters are meta tensors (no storage); materialise the model first "
+                         "(module.to_empty(device=...) and initialise it) before step().")
     if device.type == "cuda" or interpreting():
         return
     raise RuntimeError(
@@ -64,7 +70,8 @@ def check_param_and_grad(
 ) -> None:
     """Clear errors for what the kernels cannot take. Dense non-contiguous layouts are accepted
     when grad and param share strides, since an elementwise update only needs the same element
-    order in every tensor; anything else (overlapping or gapped views) is rejected."""
+    order in every tensor; anything else (overlapping or gapped views) is rejected. ``param`` and
+    ``grad`` are the tensors the kernels will read (local shards of DTensors)."""
     if grad.is_sparse or grad.layout is not torch.strided:
         raise RuntimeError(f"{who}: {label} has a sparse gradient ({grad.layout}); only dense (strided) "
                            "gradients are supported (torch.optim.SparseAdam handles sparse ones).")
@@ -83,6 +90,8 @@ def check_param_and_grad(
                            f"{tuple(param.shape)} (the parameter's shape).")
     if grad.dtype != param.dtype:
         raise RuntimeError(f"{who}: {label} is {param.dtype} but its gradient is {grad.dtype}; they must match.")
+    check_kernel_tensor(param, label, device, who)
+    check_kernel_tensor(grad, f"the gradient of {label}", device, who)
     if not _is_dense(param):
         raise RuntimeError(f"{who}: {label} is a view with gaps or overlaps (strides {param.stride()}); "
                            "only dense parameters (contiguous, or a permutation of a contiguous tensor) work.")
@@ -92,6 +101,8 @@ def check_param_and_grad(
 
 
 def check_same_layout(label: str, param: torch.Tensor, state: torch.Tensor, key: str, who: str) -> None:
+    """``state`` (local) is laid out like ``param`` (local) and may go to a kernel."""
+    check_kernel_tensor(state, f"state '{key}' of {label}", param.device, who)
     if state.shape != param.shape or (param.numel() > 1 and state.stride() != param.stride()):
         raise RuntimeError(f"{who}: state '{key}' of {label} has shape {tuple(state.shape)} / strides "
                            f"{state.stride()}, expected those of the parameter {tuple(param.shape)} / "
@@ -111,6 +122,13 @@ def _is_dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Launches on ``device`` (kernels run on the current CUDA device, which may be another GPU)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def upload_int64(values: Iterable[int], device: torch.device) -> torch.Tensor:

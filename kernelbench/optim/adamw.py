@@ -59,6 +59,7 @@ import triton
 import triton.language as tl
 
 from ..fast_launch import CachedLauncher
+from ._sharding import check_kernel_tensor, check_like_param, local_tensor, row_shard
 from ._triton_utils import (
     SUPPORTED_DTYPES,
     TABLE_STRIDE,
@@ -70,6 +71,7 @@ from ._triton_utils import (
     check_same_layout,
     f64_bits,
     log_or_neg_inf,
+    on_device,
     param_label,
     refuse_rebuild_while_capturing,
     upload_int64,
@@ -320,10 +322,12 @@ def adamw_step_flat(
         if t.device != param.device or t.numel() != param.numel():
             raise ValueError(f"adamw_step_flat: {name} has {t.numel()} elements on {t.device}; expected "
                              f"{param.numel()} on {param.device} like param.")
+        check_kernel_tensor(t, name, param.device, "adamw_step_flat")
     if step.dim() != 0 or step.dtype != torch.float32 or step.device != param.device:
         raise ValueError(f"adamw_step_flat: step must be a 0-d fp32 tensor on {param.device}, got "
                          f"{step.dtype} of shape {tuple(step.shape)} on {step.device}.")
     check_device_supported(param.device, "adamw_step_flat")
+    check_kernel_tensor(step, "step", param.device, "adamw_step_flat")
     if param.numel() == 0:
         return
     step.add_(1.0)
@@ -334,8 +338,9 @@ def adamw_step_flat(
         launch = _FLAT_LAUNCHERS[key] = CachedLauncher(
             _adamw_flat_kernel, grid, MAXIMIZE=key[1], INV_BC2_FP64=key[2], BLOCK_SIZE=BLOCK,
             num_warps=NUM_WARPS, enable_fp_fusion=False)
-    launch(param, grad, exp_avg, exp_avg_sq, step, param.numel(),
-           *_host_scalars(_check_lr(lr), beta1, beta2, eps, weight_decay))
+    with on_device(param.device):
+        launch(param, grad, exp_avg, exp_avg_sq, step, param.numel(),
+               *_host_scalars(_check_lr(lr), beta1, beta2, eps, weight_decay))
 
 
 # adamw_step_flat's launchers, by (grid, maximize, reciprocal in fp64): a sharded optimizer calls
@@ -412,7 +417,7 @@ class _LaunchPlan:
 
 
     def repoint_grads(self, grad_ptrs: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
-                      labels: dict) -> bool:
+                      labels: list[str]) -> bool:
         """Point the table at new gradient tensors (a backward after ``zero_grad(set_to_none=True)``,
         torch's default, allocates them anew): only the gradient column is rewritten, not the
         table's per-program map, whose size grows with the parameter count. False when the plan
@@ -423,9 +428,9 @@ class _LaunchPlan:
             return False
         refuse_rebuild_while_capturing(_WHO)
         device = params[0].device
-        for p, g, old, new in zip(params, grads, self.grad_ptrs, grad_ptrs):
+        for p, g, label, old, new in zip(params, grads, labels, self.grad_ptrs, grad_ptrs):
             if old != new:
-                check_param_and_grad(labels[id(p)], p, g, device, SUPPORTED_DTYPES, _WHO)
+                check_param_and_grad(label, p, g, device, SUPPORTED_DTYPES, _WHO)
         column = self.table[_G.value: self.n_tensors * TABLE_STRIDE: TABLE_STRIDE]
         column.copy_(upload_int64(grad_ptrs, device))
         self.grad_ptrs = grad_ptrs
@@ -439,6 +444,10 @@ class TritonAdamW(torch.optim.Optimizer):
     and bf16). fp32 results equal ``torch.optim.AdamW(foreach=False)`` bit for bit on CUDA (see
     the module docstring for the one rare exception); bf16 parameters keep bf16 state, with the
     update computed in fp32 as torch's fused AdamW does.
+
+    DTensor parameters of ``fully_shard`` (FSDP2, sharded on dim 0) are stepped through their local
+    shards, with state of the same layout (``get_optimizer_state_dict`` and DCP work as for torch's
+    AdamW); the update is elementwise, so each rank's shard steps exactly as on one GPU.
 
     Differences from torch: ``lr`` must be a Python float (read each step, so LR schedulers
     work; it is a kernel argument, so a captured CUDA graph keeps the lr it was captured with);
@@ -507,24 +516,32 @@ class TritonAdamW(torch.optim.Optimizer):
                 launches.append((self._plan(index, group, dtype, params), group, dtype))
         # One small launch advances its own counters; otherwise one tiny launch advances them all.
         fused_increment = len(launches) == 1 and launches[0][0].increments_steps
-        if not fused_increment:
-            self._increment_steps([plan for plan, _, _ in launches])
-        for plan, group, dtype in launches:
-            self._launch(plan, group, dtype, fused_increment)
+        if launches:
+            with on_device(launches[0][0].table.device):
+                if not fused_increment:
+                    self._increment_steps([plan for plan, _, _ in launches])
+                for plan, group, dtype in launches:
+                    self._launch(plan, group, dtype, fused_increment)
         return loss
 
     def _plan(self, index: int, group: dict, dtype: torch.dtype, params: list[torch.Tensor]) -> _LaunchPlan:
-        grads = [p.grad for p in params]
+        # The kernels read local tensors: a DTensor's own data_ptr() is not its data.
+        local_params = [local_tensor(p) for p in params]
+        local_grads = [local_tensor(p.grad) for p in params]
         try:
-            key = tuple(map(torch.Tensor.data_ptr, params)) + (group["amsgrad"],)
-            grad_ptrs = tuple(map(torch.Tensor.data_ptr, grads))
+            key = tuple(map(torch.Tensor.data_ptr, local_params)) + (group["amsgrad"],)
+            grad_ptrs = tuple(map(torch.Tensor.data_ptr, local_grads))
         except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
-            for p, g in zip(params, grads):
-                check_param_and_grad(self._labels[id(p)], p, g, p.device, SUPPORTED_DTYPES, _WHO)
+            for p, lp, g in zip(params, local_params, local_grads):
+                check_param_and_grad(self._labels[id(p)], lp, g, lp.device, SUPPORTED_DTYPES, _WHO)
             raise
         plan = self._plans.get((index, dtype))
-        if plan is None or plan.key != key or not plan.repoint_grads(grad_ptrs, params, grads, self._labels):
-            plan = self._plans[(index, dtype)] = self._build_plan(key, group, params, grads)
+        if plan is not None and plan.key == key and grad_ptrs != plan.grad_ptrs:
+            for p in params:
+                check_like_param(self._labels[id(p)], p, p.grad, _WHO)
+        if (plan is None or plan.key != key
+                or not plan.repoint_grads(grad_ptrs, local_params, local_grads, [self._labels[id(p)] for p in params])):
+            plan = self._plans[(index, dtype)] = self._build_plan(key, group, params)
         return plan
 
     def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype, increment_steps: bool) -> None:
@@ -547,15 +564,17 @@ class TritonAdamW(torch.optim.Optimizer):
             plan.scalars_key = scalars_key
         plan.launch(plan.table, plan.n_tensors, plan.ticket, *plan.scalars)
 
-    def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor],
-                    grads: list[torch.Tensor]) -> _LaunchPlan:
+    def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor]) -> _LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)
         device = params[0].device
         check_device_supported(device, _WHO)
-        states = []
-        for p, g in zip(params, grads):
+        local_params, local_grads, states = [], [], []
+        for p in params:
             label = self._labels[id(p)]
-            check_param_and_grad(label, p, g, device, SUPPORTED_DTYPES, _WHO)
+            row_shard(p, label, _WHO)  # a layout the kernels cannot step is an error here, before any launch
+            check_like_param(label, p, p.grad, _WHO)
+            lp, g = local_tensor(p), local_tensor(p.grad)
+            check_param_and_grad(label, lp, g, device, SUPPORTED_DTYPES, _WHO)
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=device)
@@ -564,11 +583,18 @@ class TritonAdamW(torch.optim.Optimizer):
             if group["amsgrad"] and "max_exp_avg_sq" not in state:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+            local_state = {}
             for k in keys:
-                check_same_layout(label, p, state[k], k, _WHO)
+                check_like_param(label, p, state[k], _WHO, f"state '{k}'")
+                local_state[k] = local_tensor(state[k])
+                check_same_layout(label, lp, local_state[k], k, _WHO)
                 if state[k].dtype != p.dtype:
                     raise RuntimeError(f"{_WHO}: state '{k}' of {label} is {state[k].dtype}, expected {p.dtype}.")
             if state["step"].device != device or state["step"].dtype != torch.float32:
                 state["step"] = state["step"].to(device=device, dtype=torch.float32).reshape(())
-            states.append(state)
-        return _LaunchPlan(key, params, grads, states, bool(group["amsgrad"]))
+            local_state["step"] = state["step"]
+            check_kernel_tensor(state["step"], f"state 'step' of {label}", device, _WHO)
+            local_params.append(lp)
+            local_grads.append(g)
+            states.append(local_state)
+        return _LaunchPlan(key, local_params, local_grads, states, bool(group["amsgrad"]))

@@ -1,0 +1,178 @@
+"""An optimizer under FSDP2 against itself on the unsharded model, on every rank of a process group.
+
+    rows = fsdp_parity_rank(rank, world, FsdpParityRequest(factory, config, steps=10))
+
+Each rank builds the same model twice from one seed: a plain copy (the reference, stepped as on one
+GPU) and a copy sharded by ``fully_shard`` (every decoder layer, then the root). Both optimizers see
+the same weights and, every step, the same gradients: a seeded full gradient per parameter is set
+on the plain copy and its rows on the sharded one (so a difference is the optimizer's, not the
+reduce-scatter's rounding). After each step every parameter and every state tensor of the sharded
+run is gathered and compared with the plain run's, element for element.
+
+Run it on ranks through ``kernelbench.distributed.spawn.run_ranks`` (tests, CPU, Gloo) or torchrun
+(GPUs, NCCL); ``factory(named_parameters)`` builds the optimizer and must be picklable.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+Factory = Callable[[list[tuple[str, torch.nn.Parameter]]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class FsdpParityRequest:
+    factory: Factory
+    config: Any  # kernelbench.models.LlamaConfig
+    steps: int = 10
+    seed: int = 0
+    grad_scale: float = 1e-2
+    # Parameters as fp32 (torch's default); "bf16" stores them in bf16 (the optimizers' bf16 path).
+    param_dtype: str = "fp32"
+    compare_state: bool = True
+    mesh_shape: tuple[int, ...] = field(default=())  # () = one dimension over every rank
+
+
+def device_for(rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def make_mesh(device: torch.device, world: int, shape: tuple[int, ...] = ()):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, shape or (world,))
+
+
+def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """``fully_shard`` every decoder layer, then the root (torchtitan's wrapping of a Llama)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def build_pair(config: Any, seed: int, device: torch.device, mesh, param_dtype: str = "fp32"):
+    """(plain model, sharded model) with equal weights."""
+    from kernelbench.models import Llama
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        plain = Llama(config)
+    plain.reset_parameters(seed)
+    if param_dtype == "bf16":
+        plain = plain.to(torch.bfloat16)
+    sharded = shard_model(copy.deepcopy(plain), mesh)
+    return plain, sharded
+
+
+def full_grads(named: Iterable[tuple[str, torch.Tensor]], step: int, seed: int, scale: float,
+               device: torch.device) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device="cpu").manual_seed(seed * 7919 + step + 1)
+    return {name: (torch.randn(p.shape, generator=gen) * scale).to(device=device, dtype=p.dtype)
+            for name, p in named}
+
+
+def set_grads(plain: torch.nn.Module, sharded: torch.nn.Module, grads: dict[str, torch.Tensor]) -> None:
+    """The full gradient on the plain model, this rank's rows of it on the sharded one."""
+    from torch.distributed.tensor import DTensor
+
+    for name, p in plain.named_parameters():
+        p.grad = grads[name].clone()
+    for name, p in sharded.named_parameters():
+        g = grads[name]
+        if isinstance(p, DTensor):
+            local_shape = p.to_local().shape
+            rows = _local_rows(p)
+            local = g[rows[0]:rows[0] + rows[1]].clone() if g.dim() else g.clone()
+            assert local.shape == local_shape, (name, local.shape, local_shape)
+            p.grad = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
+                                        shape=p.shape, stride=p.stride())
+        else:
+            p.grad = g.clone()
+
+
+def _local_rows(p) -> tuple[int, int]:
+    from torch.distributed.tensor import Shard
+
+    from kernelbench.optim._sharding import chunk_rows
+
+    for d, placement in enumerate(p.placements):
+        if isinstance(placement, Shard):
+            return chunk_rows(p.shape[0], p.device_mesh.size(d), p.device_mesh.get_local_rank(d))
+    return 0, p.shape[0]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def difference(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:
+    """max |a - e|, ||a - e|| / ||e|| (fp64), whether every bit is equal, NaN pattern mismatches."""
+    a = actual.detach().reshape(-1)
+    e = expected.detach().reshape(-1)
+    if a.numel() != e.numel():
+        return {"shape_mismatch": f"{tuple(actual.shape)} vs {tuple(expected.shape)}", "bitwise": False,
+                "max_abs": math.inf, "rel_frob": math.inf}
+    bitwise = a.dtype == e.dtype and torch.equal(a.contiguous().view(torch.uint8), e.contiguous().view(torch.uint8))
+    a64, e64 = a.double(), e.double()
+    nan_mismatch = int((a64.isnan() != e64.isnan()).sum())
+    diff = (a64 - e64).nan_to_num(0.0)
+    norm = float(e64.nan_to_num(0.0).norm())
+    return {"bitwise": bool(bitwise), "max_abs": float(diff.abs().max()) if diff.numel() else 0.0,
+            "rel_frob": float(diff.norm()) / norm if norm > 0 else float(diff.norm()), "nan_mismatch": nan_mismatch}
+
+
+def compare_runs(step: int, plain: torch.nn.Module, sharded: torch.nn.Module, plain_opt, sharded_opt,
+                 compare_state: bool) -> list[dict[str, Any]]:
+    """One row per parameter and state tensor; every rank calls the gathers in the same order."""
+    rows = []
+    plain_params = dict(plain.named_parameters())
+    for name, p in sharded.named_parameters():
+        ref = plain_params[name]
+        rows.append({"step": step, "tensor": name, **difference(_full(p.detach()), ref.detach())})
+        if not compare_state:
+            continue
+        state, ref_state = sharded_opt.state.get(p, {}), plain_opt.state.get(ref, {})
+        for key in sorted(set(state) | set(ref_state)):
+            value, expected = state.get(key), ref_state.get(key)
+            if not isinstance(expected, torch.Tensor) and not isinstance(value, torch.Tensor):
+                continue
+            if value is None or expected is None:
+                rows.append({"step": step, "tensor": f"{name}.{key}", "bitwise": False, "max_abs": math.inf,
+                             "rel_frob": math.inf, "missing": "sharded" if value is None else "plain"})
+                continue
+            rows.append({"step": step, "tensor": f"{name}.{key}",
+                         **difference(_full(torch.as_tensor(value)), torch.as_tensor(expected).to(value.device))})
+    return rows
+
+
+def fsdp_parity_rank(rank: int, world: int, request: FsdpParityRequest) -> list[dict[str, Any]]:
+    """Run on every rank of an initialised process group: ``request.steps`` steps of the sharded
+    and the plain run; returns the comparison rows of every step (the same on every rank)."""
+    device = device_for(rank)
+    mesh = make_mesh(device, world, request.mesh_shape)
+    plain, sharded = build_pair(request.config, request.seed, device, mesh, request.param_dtype)
+    plain_opt = request.factory(list(plain.named_parameters()))
+    sharded_opt = request.factory(list(sharded.named_parameters()))
+    rows: list[dict[str, Any]] = []
+    for step in range(1, request.steps + 1):
+        grads = full_grads(plain.named_parameters(), step, request.seed, request.grad_scale, device)
+        set_grads(plain, sharded, grads)
+        plain_opt.step()
+        sharded_opt.step()
+        rows += compare_runs(step, plain, sharded, plain_opt, sharded_opt, request.compare_state)
+    dist.barrier()
+    return rows
