@@ -114,9 +114,17 @@ def _local_rows(p) -> tuple[int, int]:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank; fp8 travels as bytes (Gloo has no fp8 type)."""
     from torch.distributed.tensor import DTensor
 
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    if not isinstance(t, DTensor):
+        return t
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        local = t.to_local()
+        as_bytes = DTensor.from_local(local.view(torch.uint8), t.device_mesh, t.placements, run_check=False,
+                                      shape=t.shape, stride=t.stride())
+        return as_bytes.full_tensor().view(t.dtype)
+    return t.full_tensor()
 
 
 def difference(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:

@@ -41,21 +41,35 @@ fp32 or bf16 (bf16 under fp8 too), not by the kernels.
 
 Telemetry: ``telemetry()`` reduces the per-program max|update| and max|m| the kernels write
 every step (no host sync) per parameter, on demand.
+
+FSDP2. DTensor parameters of ``fully_shard`` (sharded on dim 0) are stepped through their local
+rows. Row and Adam blocks lie within a rank's rows: the launches above run on the local rows, with
+m, v and the per-row vmean (and fp8 scales, one row of them per parameter row) sharded like the
+parameter. Heads and whole-tensor blocks may be cut by a shard boundary: each rank sums g^2 over
+its piece of every such block, the sums (and for fp8 the maxima of |m| per scale block) are
+all-reduced over the ranks holding the parameter in one collective per step, overlapped with the
+row launches, and every rank then updates its pieces with the block's statistics
+(``adam_mini_kernels.ShardedPlan``). Their vmean and fp8 scales are replicated, in the single-GPU
+layout; m is sharded like the parameter (so q / k m takes the parameter's shape, not the official
+(n_heads, head_numel)). Strided (Conv1D) partitions are not supported under FSDP2.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from ._sharding import check_kernel_tensor, check_like_param, is_dtensor, like_param, local_tensor, row_shard
 from ._triton_utils import (
     SUPPORTED_DTYPES,
     check_device_supported,
     check_param_and_grad,
+    on_device,
     refuse_rebuild_while_capturing,
 )
 from .adam_mini_kernels import (
@@ -64,6 +78,8 @@ from .adam_mini_kernels import (
     M_KINDS,
     LaunchConfig,
     LaunchPlan,
+    ShardedEntry,
+    ShardedPlan,
     StepTable,
     launch,
     scale_blocks,
@@ -74,6 +90,7 @@ from .adam_mini_partition import (
     PRESETS,
     Partition,
     Rule,
+    Segment,
     block_dims,
     decay_of,
     describe,
@@ -254,7 +271,8 @@ class AdamMini(torch.optim.Optimizer):
             raise ValueError(f"{_WHO}: launch_config.tile={launch_config.tile} with state_dtype='fp8'; fp8 scale "
                              f"blocks are tiles, so fp8 state accepts only tile={FP8_SCALE_BLOCK}.")
         self.launch_config = launch_config  # fixed for this optimizer's life: fp8 state is laid out by its tile
-        self._plans: dict[tuple, LaunchPlan] = {}
+        self._plans: dict[tuple, LaunchPlan | ShardedPlan] = {}
+        self._reductions: dict[Any, tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
         self._step_table: StepTable | None = None
         self._increment_steps = StepIncrementer()
         self._parts: dict[int, Partition] | None = None
@@ -311,10 +329,20 @@ class AdamMini(torch.optim.Optimizer):
         parts = self._partition()
         self._frozen = True
         self._entries: dict[int, list[tuple[tuple, int]] | None] = {}
+        # DTensor parameters whose block statistics are all-reduced, and over which process group
+        self._reduced: dict[int, Any] = {}
         for group in self.param_groups:
             for p in group["params"]:
                 part = parts[id(p)]
                 m_dtype = self._m_dtype_name(part, p)
+                if is_dtensor(p):
+                    shard = row_shard(p, self._label(p), _WHO)
+                    if part.strided:
+                        raise ValueError(f"{_WHO}: {self._label(p)} has strided blocks ({describe(part)}), which "
+                                         "FSDP2's row shards cut; under fully_shard use a partition of runs (the "
+                                         "official name sets, or rules without Conv1D columns).")
+                    if len(part.segments) > 1 or part.segments[0].kind not in ("row", "adam"):
+                        self._reduced[id(p)] = shard.group
                 self._entries[id(p)] = None if part.strided else [
                     ((seg.block_len, m_dtype), i) for i, seg in enumerate(part.segments)]
         if self.verbose:
@@ -395,7 +423,9 @@ class AdamMini(torch.optim.Optimizer):
     # -- state ----------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict) -> None:
         """The base class casts every floating state tensor to its parameter's dtype; Adam-mini's
-        state keeps its own dtypes (fp8 / bf16 m, fp32 vmean), so they are restored here."""
+        state keeps its own dtypes (fp8 / bf16 m, fp32 vmean), so they are restored here. A state
+        tensor saved in another shape of the same size (q / k m saved on one GPU as (n_heads,
+        head_numel) and loaded into a plain parameter's shape, or back) is reshaped."""
         super().load_state_dict(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
@@ -405,9 +435,13 @@ class AdamMini(torch.optim.Optimizer):
                 continue
             for key, value in saved.items():
                 if isinstance(value, torch.Tensor):
-                    self.state[p][key] = value.to(device=p.device, copy=True)
+                    value = value.to(device=p.device, copy=True)
+                    if key in ("m", "m_fp8") and not is_dtensor(value) and not is_dtensor(p):
+                        value = _reshaped_m(value, p, self._partition()[id(p)])
+                    self.state[p][key] = value
             self.state[p]["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).reshape(()).to(p.device).clone()
         self._plans.clear()
+        self._reductions.clear()
         self._step_table = None
 
     def _init_state(self, p: torch.Tensor, part: Partition) -> dict:
@@ -418,14 +452,30 @@ class AdamMini(torch.optim.Optimizer):
         state["step"] = torch.zeros((), dtype=torch.float32, device=device)
         m_shape, v_shape = state_shapes(part, p)
         m_dtype = self._m_dtype_name(part, p)
-        if m_dtype == "fp8":
-            n_scales = sum(scale_blocks(seg, self.launch_config.tile) for seg in part.segments)
-            state["m_fp8"] = torch.zeros(m_shape, dtype=torch.float8_e4m3fn, device=device)
-            state["m_scale"] = torch.ones(n_scales, dtype=torch.float32, device=device)
-        else:
-            state["m"] = torch.zeros(m_shape, dtype=torch.float32 if m_dtype == "fp32" else torch.bfloat16,
-                                     device=device)
-        state["v" if part.kind == "adam" else "vmean"] = torch.zeros(v_shape, dtype=torch.float32, device=device)
+        m_torch_dtype = (torch.float32 if m_dtype == "fp32" else torch.bfloat16 if m_dtype == "bf16"
+                         else torch.float8_e4m3fn)
+        v_key = "v" if part.kind == "adam" else "vmean"
+        n_scales = sum(scale_blocks(seg, self.launch_config.tile) for seg in part.segments)
+        if not is_dtensor(p):
+            state["m_fp8" if m_dtype == "fp8" else "m"] = torch.zeros(m_shape, dtype=m_torch_dtype, device=device)
+            if m_dtype == "fp8":
+                state["m_scale"] = torch.ones(n_scales, dtype=torch.float32, device=device)
+            state[v_key] = torch.zeros(v_shape, dtype=torch.float32, device=device)
+            return state
+        # DTensor: m like the parameter; row statistics sharded like its rows; reduced ones replicated.
+        state["m_fp8" if m_dtype == "fp8" else "m"] = torch.zeros_like(p, dtype=m_torch_dtype)
+        local_rows = local_tensor(p).shape[0]
+        if id(p) in self._reduced:
+            state[v_key] = torch.zeros(v_shape, dtype=torch.float32, device=device)
+            if m_dtype == "fp8":
+                state["m_scale"] = torch.ones(n_scales, dtype=torch.float32, device=device)
+        elif part.kind == "adam":
+            state[v_key] = torch.zeros_like(p, dtype=torch.float32)
+        else:  # rows
+            state[v_key] = like_param(p, torch.zeros(local_rows, 1, dtype=torch.float32, device=device))
+            if m_dtype == "fp8":
+                per_row = n_scales // p.shape[0]
+                state["m_scale"] = like_param(p, torch.ones(local_rows, per_row, dtype=torch.float32, device=device))
         return state
 
     # -- step -----------------------------------------------------------------------------------
@@ -437,16 +487,20 @@ class AdamMini(torch.optim.Optimizer):
                 loss = closure()
         if not self._frozen:
             self._build_partition()
-        launches, by_torch = [], []
-        entries_of = self._entries
+        launches, reduced, by_torch = [], [], []
+        entries_of, reduced_ids = self._entries, self._reduced
         for index, group in enumerate(self.param_groups):
             by_launch: dict[tuple, tuple[list[torch.Tensor], list[int]]] = {}
+            by_reduced: dict[tuple, list[torch.Tensor]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 entries = entries_of[id(p)]
                 if entries is None:
                     by_torch.append((p, group))
+                    continue
+                if id(p) in reduced_ids:
+                    by_reduced.setdefault((p.dtype, entries[0][0][1]), []).append(p)
                     continue
                 for key, segment in entries:
                     members = by_launch.get((p.dtype, key))
@@ -456,37 +510,145 @@ class AdamMini(torch.optim.Optimizer):
                     members[1].append(segment)
             for (dtype, (block_len, m_dtype)), (params, segments) in by_launch.items():
                 launches.append((self._plan(index, dtype, block_len, m_dtype, params, segments), group, dtype))
-        if launches:
-            plans = [plan for plan, _, _ in launches]
-            table = self._step_table
-            if table is None or len(table.plans) != len(plans) or any(a is not b for a, b in zip(table.plans, plans)):
-                refuse_rebuild_while_capturing(_WHO)
-                table = self._step_table = StepTable(plans)
-            self._increment_steps([table])
-        for plan, group, dtype in launches:
-            launch(plan, group, dtype)
+            for (dtype, m_dtype), params in by_reduced.items():
+                reduced.append((self._sharded_plan(index, dtype, m_dtype, params), group, dtype))
+        plans = [plan for plan, _, _ in launches + reduced]
+        if plans:
+            with on_device(plans[0].device):
+                table = self._step_table
+                if table is None or len(table.plans) != len(plans) or any(a is not b
+                                                                          for a, b in zip(table.plans, plans)):
+                    refuse_rebuild_while_capturing(_WHO)
+                    table = self._step_table = StepTable(plans)
+                self._increment_steps([table])
+                pending = self._reduce_statistics(reduced)
+                for plan, group, dtype in launches:
+                    launch(plan, group, dtype)
+                for work in pending:
+                    work.wait()
+                for plan, group, dtype in reduced:
+                    plan.apply(group, dtype)
         for p, group in by_torch:
             self._torch_step(p, group)
         return loss
 
+    def _reduce_statistics(self, reduced: list) -> list:
+        """Partial sums of every reduced-statistics launch, then one all-reduce per process group of
+        the sums (and one of the fp8 maxima), started without waiting: the row launches run meanwhile."""
+        if not reduced:
+            return []
+        by_group: dict[Any, list[ShardedPlan]] = {}
+        for plan, _, _ in reduced:
+            by_group.setdefault(plan.key[-1], []).append(plan)
+        for process_group, plans in by_group.items():
+            bound = self._reductions.get(process_group)
+            if bound is None or len(bound[0]) != len(plans) or any(a is not b for a, b in zip(bound[0], plans)):
+                refuse_rebuild_while_capturing(_WHO)
+                sums = torch.zeros(max(1, sum(p.n_slots for p in plans)), dtype=torch.float32, device=plans[0].device)
+                n_scales = sum(p.n_scales for p in plans)
+                amax = torch.zeros(n_scales, dtype=torch.float32, device=plans[0].device) if n_scales else None
+                slot = scale = 0
+                for plan in plans:
+                    plan.bind(sums[slot:slot + plan.n_slots],
+                              amax[scale:scale + plan.n_scales] if amax is not None and plan.n_scales else None)
+                    slot += plan.n_slots
+                    scale += plan.n_scales
+                self._reductions[process_group] = bound = (tuple(plans), sums, amax)
+        for plan, group, dtype in reduced:
+            plan.partial(group, dtype)
+        pending = []
+        import torch.distributed as dist
+
+        for process_group in by_group:
+            _, sums, amax = self._reductions[process_group]
+            if process_group is None:  # a mesh of one rank, or replicated: nothing to reduce
+                continue
+
+            pending.append(dist.all_reduce(sums, group=process_group, async_op=True))
+            if amax is not None:
+                pending.append(dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=process_group, async_op=True))
+        return pending
+
     def _plan(self, index: int, dtype: torch.dtype, block_len: int, m_dtype: str, params: list[torch.Tensor],
               segments: list[int]) -> LaunchPlan:
-        grads = [p.grad for p in params]
+        # The kernels read local tensors: a DTensor's own data_ptr() is not its data.
+        local_params = [local_tensor(p) for p in params]
+        grads = [local_tensor(p.grad) for p in params]
         try:
-            key = tuple(map(torch.Tensor.data_ptr, params))
+            key = tuple(map(torch.Tensor.data_ptr, local_params))
             grad_ptrs = tuple(map(torch.Tensor.data_ptr, grads))
         except (RuntimeError, NotImplementedError):  # sparse grads have no data_ptr: say which one
-            for p, g in zip(params, grads):
-                check_param_and_grad(self._label(p), p, g, p.device, SUPPORTED_DTYPES, _WHO)
+            for p, lp, g in zip(params, local_params, grads):
+                check_param_and_grad(self._label(p), lp, g, lp.device, SUPPORTED_DTYPES, _WHO)
             raise
 
         def check(i: int) -> None:
-            check_param_and_grad(self._label(params[i]), params[i], grads[i], params[0].device, SUPPORTED_DTYPES, _WHO)
+            check_like_param(self._label(params[i]), params[i], params[i].grad, _WHO)
+            check_param_and_grad(self._label(params[i]), local_params[i], grads[i], local_params[0].device,
+                                 SUPPORTED_DTYPES, _WHO)
 
         plan_key = (index, dtype, block_len, m_dtype)
         plan = self._plans.get(plan_key)
         if plan is None or plan.key != key or not plan.repoint_grads(grad_ptrs, check):
-            plan = self._plans[plan_key] = self._build_plan(key, list(zip(params, segments)), grads, m_dtype)
+            plan = self._plans[plan_key] = self._build_plan(key, list(zip(params, segments)), m_dtype)
+        return plan
+
+    def _sharded_plan(self, index: int, dtype: torch.dtype, m_dtype: str, params: list[torch.Tensor]) -> ShardedPlan:
+        local_params = [local_tensor(p) for p in params]
+        grads = [local_tensor(p.grad) for p in params]
+        process_group = self._reduced[id(params[0])]
+        key = tuple(map(torch.Tensor.data_ptr, local_params)) + (process_group,)
+        plan_key = (index, dtype, "reduced", m_dtype)
+        plan = self._plans.get(plan_key)
+        if plan is None or plan.key != key:
+            plan = self._plans[plan_key] = self._build_sharded_plan(key, params, m_dtype)
+        grad_ptrs = tuple(map(torch.Tensor.data_ptr, grads))
+        if grad_ptrs != plan.grad_ptrs:
+            for p, lp, g in zip(params, local_params, grads):
+                check_like_param(self._label(p), p, p.grad, _WHO)
+                check_param_and_grad(self._label(p), lp, g, lp.device, SUPPORTED_DTYPES, _WHO)
+            plan.repoint_grads(grad_ptrs)
+        return plan
+
+    def _build_sharded_plan(self, key: tuple, params: list[torch.Tensor], m_dtype: str) -> ShardedPlan:
+        refuse_rebuild_while_capturing(_WHO)
+        device = params[0].device
+        check_device_supported(device, _WHO)
+        entries = []
+        for p in params:
+            label = self._label(p)
+            shard = row_shard(p, label, _WHO)
+            if shard.group is not key[-1]:
+                raise ValueError(f"{_WHO}: {label} is sharded over another process group than the parameters "
+                                 "launched with it; shard every parameter of a param group over one mesh.")
+            check_like_param(label, p, p.grad, _WHO)
+            lp, g = local_tensor(p), local_tensor(p.grad)
+            check_param_and_grad(label, lp, g, device, SUPPORTED_DTYPES, _WHO)
+            if not lp.is_contiguous() or not g.is_contiguous():
+                raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
+                                   "of the flattened tensor, so both must be contiguous.")
+            part = self._parts[id(p)]
+            state = self._init_state(p, part)
+            m_key = "m_fp8" if m_dtype == "fp8" else "m"
+            check_like_param(label, p, state[m_key], _WHO, f"state '{m_key}'")
+            m = local_tensor(state[m_key])
+            v_key = "v" if "v" in state else "vmean"
+            for what, t in ((m_key, m), (v_key, state[v_key]), ("step", state["step"]),
+                            ("m_scale", state.get("m_scale"))):
+                if t is not None:
+                    check_kernel_tensor(t, f"state '{what}' of {label}", device, _WHO)
+            if m.shape != lp.shape or not m.is_contiguous():
+                raise RuntimeError(f"{_WHO}: state '{m_key}' of {label} holds local shape {tuple(m.shape)}, expected "
+                                   f"the parameter's {tuple(lp.shape)} (contiguous).")
+            n_blocks = part.n_blocks
+            n_scales = sum(scale_blocks(seg, self.launch_config.tile) for seg in part.segments)
+            if state[v_key].numel() != n_blocks or (m_dtype == "fp8" and state["m_scale"].numel() != n_scales):
+                raise RuntimeError(f"{_WHO}: the replicated statistics of {label} hold {state[v_key].numel()} blocks; "
+                                   f"its partition has {n_blocks}: load a state dict saved with the same partition.")
+            entries.append(ShardedEntry(lp, g, m, state[v_key], state.get("m_scale") if m_dtype == "fp8" else None,
+                                        state["step"], part.segments, shard.flat_start, shard.flat_stop))
+        plan = ShardedPlan(key, entries, M_KINDS[m_dtype], self.launch_config.tile)
+        plan.params = list(params)  # telemetry() names parameters by their own object
         return plan
 
     def _torch_step(self, p: torch.Tensor, group: dict) -> None:
@@ -520,24 +682,62 @@ class AdamMini(torch.optim.Optimizer):
     def _label(self, p: torch.Tensor) -> str:
         return f"parameter '{self._names[id(p)]}' ({'x'.join(map(str, p.shape)) or 'scalar'})"
 
-    def _build_plan(self, key: tuple, members: list[tuple[torch.Tensor, int]], grads: list[torch.Tensor],
-                    m_dtype: str) -> LaunchPlan:
+    def _local_segment(self, p: torch.Tensor, seg: Segment) -> Segment:
+        """A row or Adam segment of a DTensor parameter, restricted to this rank's rows."""
+        if not is_dtensor(p):
+            return seg
+        shard = row_shard(p, self._label(p), _WHO)
+        n = shard.rows * shard.row_numel
+        return Segment(0, n, seg.block_len, n // seg.block_len if seg.block_len else 0, seg.kind, 0)
+
+    def _build_plan(self, key: tuple, members: list[tuple[torch.Tensor, int]], m_dtype: str) -> LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)
         params = [p for p, _ in members]
         device = params[0].device
         check_device_supported(device, _WHO)
-        states, segments, scale_offsets = [], [], []
-        for (p, index), g in zip(members, grads):
+        local_params, grads, states, segments, scale_offsets = [], [], [], [], []
+        for p, index in members:
             label = self._label(p)
-            check_param_and_grad(label, p, g, device, SUPPORTED_DTYPES, _WHO)
-            if not p.is_contiguous() or not g.is_contiguous():
+            check_like_param(label, p, p.grad, _WHO)
+            lp, g = local_tensor(p), local_tensor(p.grad)
+            check_param_and_grad(label, lp, g, device, SUPPORTED_DTYPES, _WHO)
+            if not lp.is_contiguous() or not g.is_contiguous():
                 raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
                                    "of the flattened tensor, so both must be contiguous (call .contiguous()).")
             part = self._parts[id(p)]
-            states.append(self._init_state(p, part))
-            segments.append(part.segments[index])
-            scale_offsets.append(sum(scale_blocks(s, self.launch_config.tile) for s in part.segments[:index]))
-        return LaunchPlan(key, params, grads, states, segments, scale_offsets, M_KINDS[m_dtype], self.launch_config)
+            state = self._init_state(p, part)
+            local_state = {}
+            for k, v in state.items():
+                if is_dtensor(p) and k != "step":
+                    check_like_param(label, p, v, _WHO, f"state '{k}'")
+                local_state[k] = local_tensor(v)
+                check_kernel_tensor(local_state[k], f"state '{k}' of {label}", device, _WHO)
+            m = local_state.get("m_fp8", local_state.get("m"))
+            if m.numel() != lp.numel() or not m.is_contiguous():
+                raise RuntimeError(f"{_WHO}: state m of {label} holds {m.numel()} elements (contiguous: "
+                                   f"{m.is_contiguous()}), expected the parameter's {lp.numel()}, contiguous.")
+            seg = self._local_segment(p, part.segments[index])
+            v = local_state["v"] if "v" in local_state else local_state["vmean"]
+            if v.numel() < seg.block_offset + (seg.n_blocks if seg.kind != "adam" else lp.numel()):
+                raise RuntimeError(f"{_WHO}: state vmean of {label} holds {v.numel()} values, fewer than its blocks.")
+            local_params.append(lp)
+            grads.append(g)
+            states.append(local_state)
+            segments.append(seg)
+            scale_offsets.append(0 if is_dtensor(p) else
+                                 sum(scale_blocks(s, self.launch_config.tile) for s in part.segments[:index]))
+        plan = LaunchPlan(key, local_params, grads, states, segments, scale_offsets, M_KINDS[m_dtype],
+                          self.launch_config)
+        plan.params = params  # telemetry() names parameters by their own object
+        return plan
+
+
+def _reshaped_m(value: torch.Tensor, p: torch.Tensor, part: Partition) -> torch.Tensor:
+    """m in the shape this optimizer keeps for ``p`` when ``value`` has the same size in another one."""
+    expected = state_shapes(part, p)[0]
+    if tuple(value.shape) != tuple(expected) and value.numel() == math.prod(expected):
+        return value.reshape(expected).clone()
+    return value
 
 
 def _resolve_state_dtype(state_dtype: str, device: torch.device) -> str:

@@ -413,6 +413,7 @@ class LaunchPlan:
         self.n_programs = len(program_tensor)
         self.step_addresses = [s["step"].data_ptr() for s in states]
         self.aligned = all(a % 16 == 0 for a in vector_addresses)
+        self.device = device
         self.table = upload_int64(table + program_tensor, device)
         self.telemetry = torch.zeros(2, self.n_programs, dtype=torch.float32, device=device)
         self.grid = (self.n_programs,)
@@ -452,7 +453,7 @@ class StepTable:
         self.plans = tuple(plans)
         self.step_addresses = addresses
         self.n_tensors = len(addresses)
-        self.table = upload_int64(addresses, plans[0].table.device)
+        self.table = upload_int64(addresses, plans[0].device)
 
 
 def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype) -> None:
@@ -476,3 +477,314 @@ def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype) -> None:
         plan.scalars_key = scalars_key
     kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
     kernel[plan.grid](*plan.scalars, **plan.constexprs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks whose statistics are reduced across ranks (FSDP2: heads and whole tensors a shard
+# boundary may cut)
+# ---------------------------------------------------------------------------------------------
+# Under fully_shard a rank holds a run of rows of each parameter. Row and Adam blocks never cross a
+# shard boundary and take the launches above on the local rows. Heads and whole-tensor blocks
+# (and every block of a parameter of several segments) may: each rank holds a *piece* of such a
+# block (the block's intersection with its rows, possibly empty), and the step is
+#
+#   partial  per piece: sum of g^2 into the block's slot; for fp8, max |m_new| per scale block
+#   all-reduce the slots (sum) and the maxima (max) over the ranks holding the parameter
+#   apply    per piece: vmean_new from the reduced sum, then the update of the piece; fp8 m is
+#            quantised with the scale of the reduced max, so every rank uses the scale the whole
+#            block would have had on one GPU
+#   commit   per block, on every rank: store vmean_new and the new scales, zero the slots
+#
+# vmean and the fp8 scales of these blocks are replicated (every rank updates every block the same
+# way), in the single-GPU layout; m is sharded like the parameter.
+PIECE_STRIDE = 16
+PIECE_STRIDE_C = tl.constexpr(PIECE_STRIDE)
+# Columns of a piece row.
+(_PC_P, _PC_G, _PC_M, _PC_SCALE, _PC_AMAX, _PC_VMEAN, _PC_SUM, _PC_STEP, _PC_OFFSET, _PC_LENGTH,
+ _PC_INV_LEN) = (tl.constexpr(i) for i in range(11))
+# Columns of a commit row (one per segment): vmean of its first block, its first slot, blocks,
+# 1/block_len's fp32 bits, its first scale in the state, its first max slot, scales.
+(_CM_VMEAN, _CM_SUM, _CM_BLOCKS, _CM_INV_LEN, _CM_SCALE, _CM_AMAX, _CM_SCALES) = (tl.constexpr(i) for i in range(7))
+COMMIT_BLOCK = 1024
+
+
+@triton.jit
+def _piece(pieces_ptr, DTYPE: tl.constexpr, M_DTYPE: tl.constexpr):
+    row = pieces_ptr + tl.program_id(0) * PIECE_STRIDE_C
+    p_ptr = tl.load(row + _PC_P).to(tl.pointer_type(DTYPE))
+    g_ptr = tl.load(row + _PC_G).to(tl.pointer_type(DTYPE))
+    m_ptr = tl.load(row + _PC_M).to(tl.pointer_type(M_DTYPE))
+    scale_ptr = tl.load(row + _PC_SCALE).to(tl.pointer_type(tl.float32))
+    amax_ptr = tl.load(row + _PC_AMAX).to(tl.pointer_type(tl.float32))
+    vmean_ptr = tl.load(row + _PC_VMEAN).to(tl.pointer_type(tl.float32))
+    sum_ptr = tl.load(row + _PC_SUM).to(tl.pointer_type(tl.float32))
+    step_ptr = tl.load(row + _PC_STEP).to(tl.pointer_type(tl.float32))
+    offset = tl.load(row + _PC_OFFSET)
+    length = tl.load(row + _PC_LENGTH)
+    inv_len = tl.load(row + _PC_INV_LEN).to(tl.int32).to(tl.float32, bitcast=True)
+    return p_ptr, g_ptr, m_ptr, scale_ptr, amax_ptr, vmean_ptr, sum_ptr, step_ptr, offset, length, inv_len
+
+
+@triton.jit
+def _lerp(m, g, lerp_weight):
+    diff = g - m
+    return tl.where(lerp_weight < 0.5, tl.fma(lerp_weight, diff, m), tl.fma(-diff, 1.0 - lerp_weight, g))
+
+
+@triton.jit
+def _adam_mini_partial_kernel(
+    pieces_ptr,  # int64 [PIECE_STRIDE per piece]
+    lerp_weight,  # fp32, 1 - beta1
+    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
+    TILE: tl.constexpr,  # elements per window; the fp8 scale block of a block longer than TILE
+):
+    """One program per piece: the sum of g^2 over the piece into its block's slot and, for fp8,
+    max |m_new| of each scale block the piece touches into its max slot. Windows are aligned to
+    the block's start, so window w is scale block w of a long block (or the only one of a short one)."""
+    (p_ptr, g_ptr, m_ptr, scale_ptr, amax_ptr, vmean_ptr, sum_ptr, step_ptr, offset, length,
+     inv_len) = _piece(pieces_ptr, DTYPE, M_DTYPE)
+    lanes = tl.arange(0, TILE)
+    acc = tl.zeros([TILE], dtype=tl.float32)
+    for w in range(offset // TILE, (offset + length - 1) // TILE + 1):
+        in_block = w * TILE + lanes
+        mask = (in_block >= offset) & (in_block < offset + length)
+        local = in_block - offset
+        g = tl.load(g_ptr + local, mask=mask, other=0.0).to(tl.float32)
+        acc += g * g
+        if M_KIND == _M_FP8_C:
+            m = tl.load(m_ptr + local, mask=mask, other=0.0).to(tl.float32) * tl.load(scale_ptr + w)
+            m = _lerp(m, g, lerp_weight)
+            tl.store(amax_ptr + w, tl.max(tl.where(mask, tl.abs(m), 0.0), axis=0))
+    tl.store(sum_ptr, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _reduced_vmean(vmean_ptr, sum_ptr, inv_len, beta2, sq_weight):
+    """vmean after this step from the block's reduced sum of g^2 (the same arithmetic in apply and
+    commit, so the value used is the value stored)."""
+    return tl.fma(sq_weight, tl.load(sum_ptr) * inv_len, tl.load(vmean_ptr) * beta2)
+
+
+@triton.jit
+def _adam_mini_apply_kernel(
+    pieces_ptr, telemetry_ptr,  # fp32 [2, n_pieces]: max|update|, max|m| of each piece
+    n_pieces,
+    lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, as in _adam_mini_rows_kernel
+    log_beta1_bits, log_beta2_bits,
+    DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr, TILE: tl.constexpr,
+    INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
+):
+    """One program per piece: the update with the block's reduced statistics. Reads vmean and the
+    old scales, writes neither (commit does, after every piece has read them)."""
+    (p_ptr, g_ptr, m_ptr, scale_ptr, amax_ptr, vmean_ptr, sum_ptr, step_ptr, offset, length,
+     inv_len) = _piece(pieces_ptr, DTYPE, M_DTYPE)
+    inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    vmean = _reduced_vmean(vmean_ptr, sum_ptr, inv_len, beta2, sq_weight)
+    step_size = tl.div_rn(inv_bc1, tl.sqrt_rn(vmean) * inv_bc2_sqrt + eps)
+    lanes = tl.arange(0, TILE)
+    max_update = tl.zeros([TILE], dtype=tl.float32)
+    max_m = tl.zeros([TILE], dtype=tl.float32)
+    for w in range(offset // TILE, (offset + length - 1) // TILE + 1):
+        in_block = w * TILE + lanes
+        mask = (in_block >= offset) & (in_block < offset + length)
+        local = in_block - offset
+        g = tl.load(g_ptr + local, mask=mask, other=0.0).to(tl.float32)
+        m = tl.load(m_ptr + local, mask=mask, other=0.0).to(tl.float32)
+        if M_KIND == _M_FP8_C:
+            m = m * tl.load(scale_ptr + w)
+        p = tl.load(p_ptr + local, mask=mask, other=0.0).to(tl.float32)
+        p = p * decay
+        m = _lerp(m, g, lerp_weight)
+        update = (m * step_size) * lr
+        p = p - update
+        tl.store(p_ptr + local, p.to(DTYPE), mask=mask)
+        if M_KIND == _M_FP8_C:
+            amax = tl.load(amax_ptr + w)
+            scale = tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0)
+            q = m * tl.div_rn(1.0, scale)
+            if EMULATE_E4M3:
+                q = _round_to_e4m3(q)
+            tl.store(m_ptr + local, q.to(tl.float8e4nv), mask=mask)
+        else:
+            tl.store(m_ptr + local, m.to(M_DTYPE), mask=mask)
+        max_update = tl.maximum(max_update, tl.where(mask, tl.abs(update), 0.0))
+        max_m = tl.maximum(max_m, tl.where(mask, tl.abs(m), 0.0))
+    pid = tl.program_id(0)
+    tl.store(telemetry_ptr + pid, tl.max(max_update, axis=0))
+    tl.store(telemetry_ptr + n_pieces + pid, tl.max(max_m, axis=0))
+
+
+@triton.jit
+def _adam_mini_commit_kernel(
+    commits_ptr,  # int64 [PIECE_STRIDE per segment]
+    beta2, sq_weight,
+    M_KIND: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per segment, on every rank: the new vmean of each of its blocks and the new
+    scale of each of its fp8 scale blocks, from the reduced slots, which are zeroed for the next step."""
+    row = commits_ptr + tl.program_id(0) * PIECE_STRIDE_C
+    vmean_ptr = tl.load(row + _CM_VMEAN).to(tl.pointer_type(tl.float32))
+    sum_ptr = tl.load(row + _CM_SUM).to(tl.pointer_type(tl.float32))
+    n_blocks = tl.load(row + _CM_BLOCKS)
+    inv_len = tl.load(row + _CM_INV_LEN).to(tl.int32).to(tl.float32, bitcast=True)
+    lanes = tl.arange(0, BLOCK)
+    for start in range(0, n_blocks, BLOCK):
+        idx = start + lanes
+        mask = idx < n_blocks
+        s = tl.load(sum_ptr + idx, mask=mask, other=0.0)
+        vmean = tl.fma(sq_weight, s * inv_len, tl.load(vmean_ptr + idx, mask=mask, other=0.0) * beta2)
+        tl.store(vmean_ptr + idx, vmean, mask=mask)
+        tl.store(sum_ptr + idx, tl.zeros([BLOCK], dtype=tl.float32), mask=mask)
+    if M_KIND == _M_FP8_C:
+        scale_ptr = tl.load(row + _CM_SCALE).to(tl.pointer_type(tl.float32))
+        amax_ptr = tl.load(row + _CM_AMAX).to(tl.pointer_type(tl.float32))
+        n_scales = tl.load(row + _CM_SCALES)
+        for start in range(0, n_scales, BLOCK):
+            idx = start + lanes
+            mask = idx < n_scales
+            amax = tl.load(amax_ptr + idx, mask=mask, other=0.0)
+            tl.store(scale_ptr + idx, tl.where(amax > 0.0, amax / E4M3_MAX_C, 1.0), mask=mask)
+            tl.store(amax_ptr + idx, tl.zeros([BLOCK], dtype=tl.float32), mask=mask)
+
+
+def _f32_bits(x: float) -> int:
+    import struct
+
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+@dataclass(frozen=True)
+class ShardedEntry:
+    """One parameter of a reduced-statistics launch: the local tensors and where they sit."""
+
+    params: torch.Tensor  # local param (rows flat_start / row_numel onwards of the whole)
+    grad: torch.Tensor  # local gradient
+    m: torch.Tensor  # local m (fp32 / bf16 / fp8), the parameter's layout
+    vmean: torch.Tensor  # replicated vmean, the single-GPU layout
+    scale: torch.Tensor | None  # replicated fp8 scales, the single-GPU layout
+    step: torch.Tensor
+    segments: tuple[Segment, ...]
+    flat_start: int  # index in the flattened whole parameter of the first local element
+    flat_stop: int
+
+
+class ShardedPlan:
+    """Pieces, commit rows, reduction slots and telemetry of the reduced-statistics launches of one
+    group's parameters that share a dtype and a state dtype (see the comment above the kernels).
+
+    Every rank enumerates the same blocks and scale blocks in the same order, so slot i means the
+    same block everywhere; ``sums`` and ``amax`` are what the caller all-reduces between
+    ``partial`` and ``apply``."""
+
+    def __init__(self, key: tuple, entries: list[ShardedEntry], m_kind: int, tile: int) -> None:
+        self.key, self.m_kind, self.tile = key, m_kind, tile
+        device = entries[0].step.device
+        pieces: list[list[int]] = []
+        commits: list[list[int]] = []
+        n_slots = n_scales = 0
+        self.params, self.program_ranges = [], []
+        for e in entries:
+            scale_offset = 0
+            first_piece = len(pieces)
+            for seg in e.segments:
+                L = seg.block_len
+                per_block = triton.cdiv(L, tile) if L > tile else 1
+                inv_len = _f32_bits(1.0 / L)
+                commits.append([e.vmean.data_ptr() + 4 * seg.block_offset, n_slots, seg.n_blocks, inv_len,
+                                (e.scale.data_ptr() + 4 * scale_offset) if e.scale is not None else 0,
+                                n_scales, seg.n_blocks * per_block if e.scale is not None else 0])
+                lo, hi = max(seg.start, e.flat_start), min(seg.stop, e.flat_stop)
+                if lo < hi:
+                    for b in range((lo - seg.start) // L, (hi - 1 - seg.start) // L + 1):
+                        b0 = seg.start + b * L
+                        start, stop = max(b0, lo), min(b0 + L, hi)
+                        local = start - e.flat_start
+                        pieces.append([
+                            e.params.data_ptr() + local * e.params.element_size(),
+                            local * e.grad.element_size(),  # rebased on the gradient in bind()
+                            e.m.data_ptr() + local * e.m.element_size(),
+                            (e.scale.data_ptr() + 4 * (scale_offset + b * per_block)) if e.scale is not None
+                            else e.step.data_ptr(),
+                            n_scales + b * per_block,  # rebased on the max buffer in bind()
+                            e.vmean.data_ptr() + 4 * (seg.block_offset + b),
+                            n_slots + b,  # rebased on the sum buffer in bind()
+                            e.step.data_ptr(), start - b0, stop - start, inv_len])
+                n_slots += seg.n_blocks
+                if e.scale is not None:
+                    scale_offset += seg.n_blocks * per_block
+                    n_scales += seg.n_blocks * per_block
+            self.params.append(e.params)
+            self.program_ranges.append((first_piece, len(pieces)))
+        self._pieces, self._commits = pieces, commits
+        self.n_slots, self.n_scales = n_slots, n_scales
+        self.n_pieces = len(pieces)
+        self.grad_ptrs = tuple(e.grad.data_ptr() for e in entries)
+        self._piece_entry = [i for i, (a, b) in enumerate(self.program_ranges) for _ in range(b - a)]
+        self.step_addresses = [e.step.data_ptr() for e in entries]
+        self.telemetry = torch.zeros(2, max(1, self.n_pieces), dtype=torch.float32, device=device)
+        self.device = device
+        self.scalars_key: tuple | None = None
+        self.sums: torch.Tensor | None = None
+        self.amax: torch.Tensor | None = None
+
+    def bind(self, sums: torch.Tensor, amax: torch.Tensor | None) -> None:
+        """Point the tables at this plan's slots in the caller's reduction buffers (views)."""
+        self.sums, self.amax = sums, amax
+        rows = []
+        for piece, grad_ptr in zip(self._pieces, (self.grad_ptrs[i] for i in self._piece_entry)):
+            row = list(piece)
+            row[_PC_G.value] = grad_ptr + piece[_PC_G.value]
+            row[_PC_SUM.value] = sums.data_ptr() + 4 * piece[_PC_SUM.value]
+            row[_PC_AMAX.value] = (amax.data_ptr() + 4 * piece[_PC_AMAX.value]) if amax is not None \
+                else sums.data_ptr()
+            rows += row + [0] * (PIECE_STRIDE - len(row))
+        self.table = upload_int64(rows, self.device) if rows else None
+        commit_rows = []
+        for c in self._commits:
+            row = list(c)
+            row[_CM_SUM.value] = sums.data_ptr() + 4 * c[_CM_SUM.value]
+            row[_CM_AMAX.value] = (amax.data_ptr() + 4 * c[_CM_AMAX.value]) if amax is not None else 0
+            commit_rows += row + [0] * (PIECE_STRIDE - len(row))
+        self.commit_table = upload_int64(commit_rows, self.device)
+
+    def repoint_grads(self, grad_ptrs: tuple) -> None:
+        """New gradient tensors (FSDP2 hands out new ones every step): rewrite the gradient column."""
+        if grad_ptrs == self.grad_ptrs:
+            return
+        refuse_rebuild_while_capturing("AdamMini")
+        self.grad_ptrs = grad_ptrs
+        if self.table is None:
+            return
+        column = self.table[_PC_G.value: self.n_pieces * PIECE_STRIDE: PIECE_STRIDE]
+        column.copy_(upload_int64([grad_ptrs[i] + piece[_PC_G.value]
+                                   for piece, i in zip(self._pieces, self._piece_entry)], self.device))
+
+    def _scalars(self, group: dict, dtype: torch.dtype) -> None:
+        scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
+        if self.scalars_key == scalars_key:
+            return
+        lr = float(group["lr"])
+        beta1, beta2 = group["betas"]
+        self.lerp_weight, self.beta2, self.sq_weight = 1.0 - beta1, beta2, 1.0 - beta2
+        self.apply_args = (self.table, self.telemetry, self.n_pieces, lr, 1.0 - lr * group["weight_decay"],
+                           1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
+                           f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
+        self.constexprs = dict(DTYPE=TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[self.m_kind], M_KIND=self.m_kind,
+                               TILE=self.tile)
+        self.scalars_key = scalars_key
+
+    def partial(self, group: dict, dtype: torch.dtype) -> None:
+        self._scalars(group, dtype)
+        if self.n_pieces:
+            _adam_mini_partial_kernel[(self.n_pieces,)](self.table, self.lerp_weight, **self.constexprs,
+                                                        num_warps=8)
+
+    def apply(self, group: dict, dtype: torch.dtype) -> None:
+        self._scalars(group, dtype)
+        if self.n_pieces:
+            _adam_mini_apply_kernel[(self.n_pieces,)](
+                *self.apply_args, **self.constexprs, INV_BC2_FP64=reciprocal_in_fp64(self.device),
+                EMULATE_E4M3=interpreting(), num_warps=8, enable_fp_fusion=False)
+        _adam_mini_commit_kernel[(len(self._commits),)](self.commit_table, self.beta2, self.sq_weight,
+                                                        M_KIND=self.m_kind, BLOCK=COMMIT_BLOCK, num_warps=4,
+                                                        enable_fp_fusion=False)
