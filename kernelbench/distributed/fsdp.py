@@ -62,18 +62,20 @@ def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
     return model
 
 
-def build_pair(config: Any, seed: int, device: torch.device, mesh, param_dtype: str = "fp32"):
-    """(plain model, sharded model) with equal weights."""
+def build_model(config: Any, seed: int, device: torch.device, param_dtype: str = "fp32") -> torch.nn.Module:
     from kernelbench.models import Llama
 
     torch.manual_seed(seed)
     with torch.device(device):
-        plain = Llama(config)
-    plain.reset_parameters(seed)
-    if param_dtype == "bf16":
-        plain = plain.to(torch.bfloat16)
-    sharded = shard_model(copy.deepcopy(plain), mesh)
-    return plain, sharded
+        model = Llama(config)
+    model.reset_parameters(seed)
+    return model.to(torch.bfloat16) if param_dtype == "bf16" else model
+
+
+def build_pair(config: Any, seed: int, device: torch.device, mesh, param_dtype: str = "fp32"):
+    """(plain model, sharded model) with equal weights."""
+    plain = build_model(config, seed, device, param_dtype)
+    return plain, shard_model(copy.deepcopy(plain), mesh)
 
 
 def full_grads(named: Iterable[tuple[str, torch.Tensor]], step: int, seed: int, scale: float,
@@ -182,5 +184,68 @@ def fsdp_parity_rank(rank: int, world: int, request: FsdpParityRequest) -> list[
         plain_opt.step()
         sharded_opt.step()
         rows += compare_runs(step, plain, sharded, plain_opt, sharded_opt, request.compare_state)
+    dist.barrier()
+    return rows
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """Train ``steps_before`` steps sharded over the saving ranks, save with DCP, load into a model
+    sharded over another number of ranks (built from another seed, so only the load can make it
+    right), train ``steps_after`` more, and compare with the plain model trained all the way."""
+
+    factory: Factory
+    config: Any
+    path: str
+    steps_before: int = 3
+    steps_after: int = 3
+    seed: int = 0
+    grad_scale: float = 1e-2
+
+
+def _steps(request: CheckpointRequest, steps: range, plain, sharded, plain_opt, sharded_opt, device) -> None:
+    for step in steps:
+        grads = full_grads(plain.named_parameters(), step, request.seed, request.grad_scale, device)
+        set_grads(plain, sharded, grads)
+        if plain_opt is not None:
+            plain_opt.step()
+        if sharded_opt is not None:
+            sharded_opt.step()
+
+
+def checkpoint_save_rank(rank: int, world: int, request: CheckpointRequest) -> None:
+    """The saving side: ``steps_before`` steps under fully_shard, then ``dcp.save`` of the model and
+    of ``get_optimizer_state_dict``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    device = device_for(rank)
+    plain, sharded = build_pair(request.config, request.seed, device, make_mesh(device, world))
+    optimizer = request.factory(list(sharded.named_parameters()))
+    _steps(request, range(1, request.steps_before + 1), plain, sharded, None, optimizer, device)
+    model_state, optim_state = get_state_dict(sharded, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=request.path)
+    dist.barrier()
+
+
+def checkpoint_resume_rank(rank: int, world: int, request: CheckpointRequest) -> list[dict[str, Any]]:
+    """The loading side, on any number of ranks: comparison rows after every step after the load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    device = device_for(rank)
+    plain = build_model(request.config, request.seed, device)
+    sharded = shard_model(build_model(request.config, request.seed + 1, device), make_mesh(device, world))
+    optimizer = request.factory(list(sharded.named_parameters()))
+    model_state, optim_state = get_state_dict(sharded, optimizer)  # initialises the state to load into
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=request.path)
+    set_state_dict(sharded, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    plain_opt = request.factory(list(plain.named_parameters()))
+    _steps(request, range(1, request.steps_before + 1), plain, sharded, plain_opt, None, device)
+    rows = compare_runs(request.steps_before, plain, sharded, plain_opt, optimizer, compare_state=True)
+    for step in range(request.steps_before + 1, request.steps_before + request.steps_after + 1):
+        _steps(request, range(step, step + 1), plain, sharded, plain_opt, optimizer, device)
+        rows += compare_runs(step, plain, sharded, plain_opt, optimizer, compare_state=True)
     dist.barrier()
     return rows

@@ -177,6 +177,11 @@ def _validate(G: torch.Tensor, steps: int, path: str) -> None:
         raise ValueError(f"newton_schulz got an empty tensor of shape {tuple(G.shape)}")
     if G.dtype not in INPUT_DTYPES:
         raise ValueError(f"newton_schulz accepts float32 or bfloat16 input; got {G.dtype}")
+    if type(G) not in (torch.Tensor, torch.nn.Parameter):
+        raise TypeError(f"newton_schulz takes a plain tensor; got a {type(G).__name__} (a tensor subclass's "
+                        "storage is not its data: pass its local tensor, e.g. DTensor.to_local() of a whole matrix)")
+    if G.device.type == "meta":
+        raise ValueError("newton_schulz got a meta tensor (no storage); materialise it first")
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int; got {steps!r}")
     if path not in PATHS:

@@ -19,6 +19,14 @@ momentum buffers are slices of one (batch, rows, cols) tensor (``state[p]["momen
 is a view into it), so the stacked momentum needs no copy; the gradients are stacked once.
 No host synchronisation in ``step()`` (the finiteness check of newton_schulz is off here).
 
+FSDP2. DTensor parameters of ``fully_shard`` (sharded on dim 0) keep their momentum as a DTensor of
+the same layout and update it on the local rows. Newton-Schulz needs the whole matrix: the ranks
+share out the matrices (largest first, each to the rank with the least work so far), one
+all-to-all brings every matrix's rows to its owner, each rank orthogonalises the matrices it owns
+(same shapes batched), and a second all-to-all returns each rank its rows of every result: the
+work of N ranks on N matrices at once, not every rank on every matrix. Communication goes through
+the process group of the sharding mesh dimension only.
+
 ``MuonReference`` is the same algorithm in plain PyTorch, one parameter at a time, with the
 iteration in torch bf16 matmuls and torch.optim.AdamW(foreach=False): the parity reference.
 """
@@ -33,6 +41,8 @@ from typing import Any
 import torch
 
 from kernelbench.newton_schulz import newton_schulz, newton_schulz_ref
+
+from ._sharding import check_like_param, is_dtensor, local_tensor, row_shard
 
 _MUON_DEFAULTS = dict(
     lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5, ns_path="auto", use_muon=True,
@@ -189,11 +199,17 @@ class Muon(_MuonBase):
                 loss = closure()
         for group in self.param_groups:
             buckets: dict[tuple, list[torch.Tensor]] = {}
+            sharded: list[torch.Tensor] = []
             for p in group["params"]:
                 if p.grad is not None and self.uses_muon(group, p):
                     if p.grad.is_sparse:
                         raise RuntimeError("Muon does not support sparse gradients")
+                    if is_dtensor(p):
+                        sharded.append(p)
+                        continue
                     buckets.setdefault((p.shape, p.dtype, p.device), []).append(p)
+            if sharded:
+                self._sharded_step(group, sharded)
             lr, momentum = group["lr"], group["momentum"]
             for (shape, _, _), params in buckets.items():
                 buf = self._momentum_stack(params)
@@ -206,6 +222,122 @@ class Muon(_MuonBase):
                 torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-lr * update_scale(shape))
         self._adamw_step()
         return loss
+
+
+    def _sharded_step(self, group: dict, params: list[torch.Tensor]) -> None:
+        """The step of DTensor parameters (module docstring): momentum on the local rows, each
+        matrix orthogonalised whole by one rank, the update applied to the local rows."""
+        shards = []
+        for p in params:
+            label = f"parameter {tuple(p.shape)}"
+            shard = row_shard(p, label, "Muon")
+            check_like_param(label, p, p.grad, "Muon")
+            shards.append(shard)
+        groups = {id(s.group) for s in shards}
+        if len(groups) > 1:
+            raise ValueError("Muon: the DTensor parameters of one param group are sharded over different process "
+                             "groups; shard them over one mesh.")
+        lr, momentum = group["lr"], group["momentum"]
+        bufs = []
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            check_like_param(f"parameter {tuple(p.shape)}", p, state["momentum_buffer"], "Muon", "momentum")
+            bufs.append(local_tensor(state["momentum_buffer"]))
+        grads = [local_tensor(p.grad) for p in params]
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)
+        updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+        ortho = orthogonalize_sharded(updates, shards, group["ns_steps"], group["ns_path"])
+        local_params = [local_tensor(p) for p in params]
+        if group["weight_decay"]:
+            torch._foreach_mul_(local_params, 1 - lr * group["weight_decay"])
+        for p, lp, o in zip(params, local_params, ortho):
+            if lp.numel():
+                lp.add_(o, alpha=-lr * update_scale(p.shape))
+
+
+def owners(shapes: list[tuple[int, int]], world: int) -> list[int]:
+    """The rank that orthogonalises each matrix: largest first (Newton-Schulz costs about
+    rows * cols * min(rows, cols)), each to the rank with the least work so far; the same on
+    every rank, since it depends on the global shapes only."""
+    load = [0] * world
+    owner = [0] * len(shapes)
+    order = sorted(range(len(shapes)), key=lambda i: -(shapes[i][0] * shapes[i][1] * min(shapes[i])))
+    for i in order:
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += shapes[i][0] * shapes[i][1] * min(shapes[i])
+    return owner
+
+
+def orthogonalize_sharded(updates: list[torch.Tensor], shards: list, steps: int, path: str) -> list[torch.Tensor]:
+    """Newton-Schulz of whole matrices whose rows are spread over a process group; returns each
+    rank's rows of every result. ``updates[i]`` are this rank's rows of matrix i, ``shards[i]``
+    its RowShard. Two all-to-alls; each rank orthogonalises the matrices ``owners`` gives it."""
+    import torch.distributed as dist
+
+    group, world, rank = shards[0].group, shards[0].world, shards[0].index
+    if group is None or world == 1:  # every rank holds whole matrices
+        return _orthogonalize_batched(updates, steps, path)
+    shapes = [tuple(s.global_shape) for s in shards]
+    owner = owners(shapes, world)
+    per = [-(-rows // world) * cols for rows, cols in shapes]  # elements of one padded row chunk
+    dtype = torch.float32 if any(u.dtype == torch.float32 for u in updates) else updates[0].dtype
+    device = updates[0].device
+    # Rank r sends to rank d its padded rows of every matrix d owns, in matrix order.
+    send_sizes = [sum(per[i] for i in range(len(shapes)) if owner[i] == d) for d in range(world)]
+    mine = [i for i in range(len(shapes)) if owner[i] == rank]
+    recv_sizes = [sum(per[i] for i in mine)] * world
+    send = torch.zeros(sum(send_sizes), dtype=dtype, device=device)
+    offset = 0
+    for d in range(world):
+        for i in (j for j in range(len(shapes)) if owner[j] == d):
+            rows = updates[i].reshape(-1)
+            send[offset:offset + rows.numel()].copy_(rows)
+            offset += per[i]
+    recv = torch.empty(sum(recv_sizes), dtype=dtype, device=device)
+    dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+    # Matrix i of mine: rank s's chunk sits at s * recv_sizes[0] + (offset of i among mine).
+    chunks = recv.view(world, -1)
+    whole, at = [], 0
+    for i in mine:
+        rows, cols = shapes[i]
+        whole.append(chunks[:, at:at + per[i]].reshape(-1, cols)[:rows])
+        at += per[i]
+    results = _orthogonalize_batched(whole, steps, path)
+    # Back: rank d gets its padded chunk of every matrix this rank owns, then sends its own.
+    back = torch.zeros(world, recv_sizes[0], dtype=dtype, device=device)
+    at = 0
+    for i, o in zip(mine, results):
+        rows, cols = shapes[i]
+        padded = torch.zeros(per[i] * world // cols, cols, dtype=dtype, device=device)
+        padded[:rows].copy_(o)
+        back[:, at:at + per[i]].copy_(padded.view(world, -1))
+        at += per[i]
+    returned = torch.empty(sum(send_sizes), dtype=dtype, device=device)
+    dist.all_to_all_single(returned, back.view(-1), send_sizes, recv_sizes, group=group)
+    out, offset = [None] * len(shapes), 0
+    for d in range(world):
+        for i in (j for j in range(len(shapes)) if owner[j] == d):
+            n = updates[i].numel()
+            out[i] = returned[offset:offset + n].view(updates[i].shape).to(updates[i].dtype)
+            offset += per[i]
+    return out
+
+
+def _orthogonalize_batched(matrices: list[torch.Tensor], steps: int, path: str) -> list[torch.Tensor]:
+    """Newton-Schulz of each matrix, those of one shape and dtype in one batched call."""
+    results: list[torch.Tensor | None] = [None] * len(matrices)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, m in enumerate(matrices):
+        by_shape.setdefault((tuple(m.shape), m.dtype), []).append(i)
+    for indices in by_shape.values():
+        stacked = torch.stack([matrices[i] for i in indices])
+        ortho = newton_schulz(stacked, steps, path=path, check_finite=False)
+        for i, o in zip(indices, ortho.unbind(0)):
+            results[i] = o
+    return results
 
 
 class MuonReference(_MuonBase):
