@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from kernelbench.dist.spawn import run_ranks
 from kernelbench.distributed.fsdp import FsdpParityRequest, fsdp_parity_rank
@@ -121,3 +122,88 @@ def test_adam_mini_checkpoint_reshards_with_its_scales(state_dtype, config, tmp_
 def test_muon_checkpoint_reshards(tmp_path):
     for world, rows in _save_then_resume(muon, CONFIG, tmp_path).items():
         assert rows and all(r["bitwise"] for r in rows), (world, _worst([r for r in rows if not r["bitwise"]]))
+
+
+def _sharded_adamw_interop(rank: int, world: int, path: str) -> dict[str, list[dict]]:
+    """ShardedAdamW's consolidated_state_dict() and a DCP checkpoint of TritonAdamW under FSDP2 load
+    into each other through torch.optim.AdamW's format; training then continues as if unbroken."""
+    import copy
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from kernelbench.distributed.fsdp import (
+        build_model,
+        compare_runs,
+        device_for,
+        full_grads,
+        make_mesh,
+        set_grads,
+        shard_model,
+    )
+    from kernelbench.optim import ShardedAdamW, TritonAdamW
+
+    device = device_for(rank)
+    mesh = make_mesh(device, world)
+    hyper = dict(lr=1e-2, weight_decay=0.1)
+    results = {}
+
+    def train(plain, plain_opt, sharded, sharded_opt, steps):
+        rows = []
+        for step in steps:
+            grads = full_grads(plain.named_parameters(), step, 0, 1e-2, device)
+            set_grads(plain, sharded, grads)
+            plain_opt.step()
+            sharded_opt.step()
+            rows += compare_runs(step, plain, sharded, plain_opt, sharded_opt, compare_state=False)
+        return rows
+
+    # ShardedAdamW -> torch.optim.AdamW's format -> DCP -> TritonAdamW under FSDP2
+    plain = build_model(CONFIG, 0, device)
+    zero = ShardedAdamW(plain.parameters(), **hyper)
+    for step in (1, 2):
+        for name, p in plain.named_parameters():
+            p.grad = full_grads(plain.named_parameters(), step, 0, 1e-2, device)[name]
+        zero.step()
+    consolidated = [zero.consolidated_state_dict(to_rank=0)]
+    dist.broadcast_object_list(consolidated, src=0)
+    holder = copy.deepcopy(plain)
+    as_torch = torch.optim.AdamW(holder.parameters(), **hyper)
+    as_torch.load_state_dict(consolidated[0])
+    model_sd, optim_sd = get_state_dict(holder, as_torch)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{path}/from-zero")
+    sharded = shard_model(build_model(CONFIG, 1, device), mesh)
+    fsdp_opt = TritonAdamW(sharded.parameters(), **hyper)
+    model_sd, optim_sd = get_state_dict(sharded, fsdp_opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=f"{path}/from-zero")
+    set_state_dict(sharded, fsdp_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    results["zero-to-fsdp"] = train(plain, zero, sharded, fsdp_opt, (3, 4))
+
+    # TritonAdamW under FSDP2 -> DCP -> torch.optim.AdamW's format -> ShardedAdamW
+    sharded = shard_model(build_model(CONFIG, 0, device), mesh)
+    fsdp_opt = TritonAdamW(sharded.parameters(), **hyper)
+    reference = build_model(CONFIG, 0, device)
+    for step in (1, 2):
+        set_grads(reference, sharded, full_grads(reference.named_parameters(), step, 0, 1e-2, device))
+        fsdp_opt.step()
+    model_sd, optim_sd = get_state_dict(sharded, fsdp_opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{path}/from-fsdp")
+    holder = build_model(CONFIG, 1, device)
+    as_torch = torch.optim.AdamW(holder.parameters(), **hyper)
+    model_sd, optim_sd = get_state_dict(holder, as_torch)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=f"{path}/from-fsdp")
+    set_state_dict(holder, as_torch, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    zero = ShardedAdamW(holder.parameters(), **hyper)
+    zero.load_state_dict(as_torch.state_dict())
+    results["fsdp-to-zero"] = train(holder, zero, sharded, fsdp_opt, (3, 4))
+    return results
+
+
+def test_sharded_adamw_and_fsdp_checkpoints_load_into_each_other(tmp_path):
+    results = run_ranks(_sharded_adamw_interop, 2, args=(str(tmp_path),), timeout_s=300)[0]
+    for direction, rows in results.items():
+        # ShardedAdamW averages the ranks' (equal) gradients: (g + g) / 2 is g exactly.
+        assert rows and all(r["rel_frob"] <= 1e-6 for r in rows), (direction, _worst(rows))

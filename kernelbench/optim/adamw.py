@@ -76,6 +76,7 @@ from ._triton_utils import (
     refuse_rebuild_while_capturing,
     upload_int64,
 )
+from .sharded_adamw import TORCH_ADAMW_GROUP_EXTRAS
 
 # 1024 elements per program with 4 warps: 8 per thread, two 16-byte fp32 vectors per stream per
 # thread (one for bf16); larger blocks (4096 / 8 warps) spilled to one program per SM and were
@@ -96,6 +97,7 @@ STEP_BLOCK = 1024
 FUSED_INCREMENT_MAX_PROGRAMS = 8192
 
 _WHO = "TritonAdamW"
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,8 +479,10 @@ class TritonAdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        defaults = dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps, weight_decay=weight_decay,
-                        amsgrad=amsgrad, maximize=maximize)
+        # torch.optim.AdamW's group keys too, so that a checkpoint of either loads into the other
+        # (DCP's loader wants every key of the destination's groups in the checkpoint).
+        defaults = dict(TORCH_ADAMW_GROUP_EXTRAS, lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps,
+                        weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
         self._plans: dict[tuple[int, torch.dtype], _LaunchPlan] = {}
         self._increment_steps = StepIncrementer()

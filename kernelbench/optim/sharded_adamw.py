@@ -53,8 +53,8 @@ COMM_MODES = ("auto", "reduce-scatter-avg", "reduce-scatter-sum", "all-reduce")
 PER_RANK_FORMAT = "kernelbench.ShardedAdamW/per-rank/v1"
 
 # Keys torch.optim.AdamW's param groups carry beyond ours; a consolidated state dict includes them
-# so that torch.optim.AdamW.load_state_dict takes it as its own.
-_TORCH_ADAMW_GROUP_EXTRAS = {
+# so that torch.optim.AdamW.load_state_dict takes it as its own (TritonAdamW's groups carry them too).
+TORCH_ADAMW_GROUP_EXTRAS = {
     "amsgrad": False,
     "foreach": None,
     "capturable": False,
@@ -62,6 +62,7 @@ _TORCH_ADAMW_GROUP_EXTRAS = {
     "fused": None,
     "decoupled_weight_decay": True,
 }
+
 
 
 def _reduce_scatter_single() -> Callable[..., Any]:
@@ -512,7 +513,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             saved = {k: v for k, v in group.items() if k != "params"}
             if torch_extras:
-                saved.update(_TORCH_ADAMW_GROUP_EXTRAS)
+                saved.update(TORCH_ADAMW_GROUP_EXTRAS)
             saved["params"] = list(range(index, index + len(group["params"])))
             index += len(group["params"])
             groups.append(saved)
