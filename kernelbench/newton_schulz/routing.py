@@ -203,6 +203,9 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, path: str = "auto", check_fin
     ``newton_schulz.last_path`` and ``newton_schulz.last_graph`` say what the last call ran.
     """
     _validate(G, steps, path)
+    if G.device.type == "cuda" and G.device.index != torch.cuda.current_device():
+        with torch.cuda.device(G.device):  # Triton launches on the current device
+            return newton_schulz(G, steps, path, check_finite, eps, graph)
     if path == "auto":
         path, route_graph = choose_route(tuple(G.shape), G.device)
         graph = route_graph if graph is None else graph

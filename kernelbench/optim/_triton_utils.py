@@ -131,6 +131,16 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def one_device(devices: Iterable[torch.device], who: str) -> torch.device:
+    """The one device a step's launches run on; parameters on several devices are an error (the
+    step counters of every launch are advanced by one kernel, which reads one device's memory)."""
+    found = list(dict.fromkeys(devices))
+    if len(found) > 1:
+        raise RuntimeError(f"{who}: the parameters are on {' and '.join(map(str, found))}; one optimizer steps "
+                           "parameters of one device (build one optimizer per device).")
+    return found[0]
+
+
 def upload_int64(values: Iterable[int], device: torch.device) -> torch.Tensor:
     """A host list as an int64 tensor on ``device``. On CUDA the copy goes through pinned memory
     with non_blocking=True, so a table rebuild does not wait for the GPU; the caching host

@@ -70,6 +70,7 @@ from ._triton_utils import (
     check_device_supported,
     check_param_and_grad,
     on_device,
+    one_device,
     refuse_rebuild_while_capturing,
 )
 from .adam_mini_kernels import (
@@ -514,7 +515,7 @@ class AdamMini(torch.optim.Optimizer):
                 reduced.append((self._sharded_plan(index, dtype, m_dtype, params), group, dtype))
         plans = [plan for plan, _, _ in launches + reduced]
         if plans:
-            with on_device(plans[0].device):
+            with on_device(one_device((plan.device for plan in plans), _WHO)):
                 table = self._step_table
                 if table is None or len(table.plans) != len(plans) or any(a is not b
                                                                           for a, b in zip(table.plans, plans)):

@@ -72,6 +72,7 @@ from ._triton_utils import (
     f64_bits,
     log_or_neg_inf,
     on_device,
+    one_device,
     param_label,
     refuse_rebuild_while_capturing,
     upload_int64,
@@ -521,7 +522,7 @@ class TritonAdamW(torch.optim.Optimizer):
         # One small launch advances its own counters; otherwise one tiny launch advances them all.
         fused_increment = len(launches) == 1 and launches[0][0].increments_steps
         if launches:
-            with on_device(launches[0][0].table.device):
+            with on_device(one_device((plan.table.device for plan, _, _ in launches), _WHO)):
                 if not fused_increment:
                     self._increment_steps([plan for plan, _, _ in launches])
                 for plan, group, dtype in launches:
