@@ -834,6 +834,9 @@ class Plan:
     exchanges: list[Exchange] | None = None
     max_slots: tuple[int, int] = (0, 0)
     m_after_exchange: bool = False
+    # The state tensors whose addresses the tables hold, kept alive with them: a state tensor
+    # replaced by anything but load_state_dict (which drops the plans) leaves no dangling address.
+    state_refs: tuple = ()
 
 
 _EXCHANGED = ("sum_a", "sum_b", "max_b", "max_c")
@@ -979,6 +982,7 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
         col_items=upload_int64(col_items, device).to(torch.int32).view(-1, 2) if col_items else None,
         buckets=buckets, n_tensors=n_tensors, n_items=item_cursor, ws_floats=ws_floats, scal_off=scal_off,
         config=config, exchanges=exchanges, max_slots=max_slots, m_after_exchange=m_after_exchange,
+        state_refs=tuple(t for e in entries for t in e[3].values()),
     )
 
 
