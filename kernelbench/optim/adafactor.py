@@ -202,9 +202,10 @@ class Adafactor8bit(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             label = param_label(names[i] if names else None, i, p)
-            check_like_param(label, p, p.grad, _WHO)
             # The kernels read local tensors: a DTensor's own data_ptr() is not its data.
             lp, lg = local_tensor(p), local_tensor(p.grad)
+            if lp is not p or lg is not p.grad:
+                check_like_param(label, p, p.grad, _WHO)
             device = device or lp.device
             check_param_and_grad(label, lp, lg, device, (torch.float32,), _WHO)
             if not lp.is_contiguous() or not lg.is_contiguous():

@@ -52,6 +52,30 @@ row, RMS(u) needs the new statistics, and the update needs RMS(u). RMS(p) rides 
 No step reads anything back to the host: the step counter, the reductions and the scalars derived
 from them live on the device; partial sums are reduced in a fixed order (no atomics), so results
 are deterministic. Parameters and gradients: fp32, contiguous.
+
+Sharded tensors (each rank holds rows [row0, row0 + rows) of every matrix, or elements of a 1-dim
+tensor; ``ShardInfo``): the same kernels over the local rows, with the global sums exchanged in
+between (``_launch_sharded_step``; each exchange is one all-reduce of one workspace slice per
+process group, no host synchronisation):
+
+    factored  K1 (SHARDED)  row statistic from the local rows; its codes wait (K5), since the
+                            range of a row block that ranks share needs all of its rows
+              K2 phase 1    local column sums, sum of r, log2 min / max of r per row block
+      A: SUM  column sums, sum of r
+              K2 phase 2    c (EMA, requantised as on one device), mean(r) = sum / global rows; K3
+    full      N1 (SHARDED)  items over the whole tensor's blocks, so one program per rank owns each
+                            block: partials of u^2, p^2, log2 min / max of v' per block
+    all       K4 phase 1    sums of p^2, u^2 per tensor
+      B: SUM  those sums; MAX  the -lo / hi slots of shared code blocks
+              K4 phase 2    scalars from global sums and numel; row ranges written (8-bit)
+    factored  K5 (SHARDED)  also encodes r with the shared ranges
+    full      N3 (SHARDED)  encodes v with the shared ranges; an 8-bit m goes to the workspace
+      C: MAX  absmax per block of full tensors' 8-bit m, then N4 encodes it
+
+Stochastic rounding is seeded by global indices, and min / max are exact, so wherever the sharded
+statistics equal the single-device ones the codes do too. r and v come from each row's own
+elements, added over the same column tiles as on one device; the column statistic and the
+per-tensor sums agree up to the order of their additions.
 """
 
 from __future__ import annotations
