@@ -1,7 +1,7 @@
 """Adafactor8bit under FSDP2 on CPU ranks (Gloo, Triton interpreter): the sharded step against the
 unsharded one from the same weights and gradients (kernelbench.distributed.fsdp), shard boundaries
 that cut code blocks, layouts the kernels cannot step, and DCP checkpoints saved on 2 ranks and
-loaded on 3 and on 1.
+loaded on 3 and on 1 (kernelbench.distributed.fsdp's checkpoint runs).
 
 Spawning ranks costs more than the steps, so each rank count runs once per module (a fixture) and
 the tests read what it returned.
@@ -68,13 +68,14 @@ class Blocks(torch.nn.Module):
 # ---------------------------------------------------------------------------------------------
 # What the ranks run
 # ---------------------------------------------------------------------------------------------
-def _step_pair(plain, sharded, plain_opt, sharded_opt, steps, first=1, seed=0):
+def _step_pair(plain, sharded, plain_opt, sharded_opt, steps):
+    """fsdp_parity_rank's loop for a model it does not build."""
     from kernelbench.distributed.fsdp import compare_runs, full_grads, set_grads
 
     device = next(plain.parameters()).device
     rows = []
-    for step in range(first, first + steps):
-        set_grads(plain, sharded, full_grads(plain.named_parameters(), step, seed, 1e-2, device))
+    for step in range(1, steps + 1):
+        set_grads(plain, sharded, full_grads(plain.named_parameters(), step, 0, 1e-2, device))
         plain_opt.step()
         sharded_opt.step()
         rows += compare_runs(step, plain, sharded, plain_opt, sharded_opt, True)
@@ -148,11 +149,18 @@ def _error_cases(world):
     return out
 
 
-def _full_state_dict_format(plain, sharded, plain_opt, sharded_opt, factory):
+def _full_state_dict_format(world):
     """The sharded optimizer's full state dict (gathered) is the single-device format: same keys,
     shapes and dtypes, and it loads into an unsharded Adafactor8bit."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    from kernelbench.distributed.fsdp import build_pair, device_for, make_mesh
+
+    device = device_for(0)
+    factory = Factory(True, 0.9)
+    plain, sharded = build_pair(CONFIG, 0, device, make_mesh(device, world))
+    plain_opt, sharded_opt = factory(list(plain.named_parameters())), factory(list(sharded.named_parameters()))
+    _step_pair(plain, sharded, plain_opt, sharded_opt, 1)
     full = get_optimizer_state_dict(sharded, sharded_opt, options=StateDictOptions(full_state_dict=True))
     names = [n for n, _ in plain.named_parameters()]
     problems = []
@@ -171,102 +179,64 @@ def _full_state_dict_format(plain, sharded, plain_opt, sharded_opt, factory):
     return {"problems": problems, "reloaded_codes_equal": codes_equal}
 
 
-DCP_FACTORY = Factory(True, 0.9)
+def checkpoint_request(directory):
+    """kernelbench.distributed.fsdp's DCP reshard run: 8-bit state with a first moment, saved after
+    STEPS steps, one more step after loading."""
+    from kernelbench.distributed.fsdp import CheckpointRequest
 
-
-def _dcp_save(world, directory):
-    """STEPS steps sharded and unsharded (fsdp_parity_rank's loop, keeping the models), then the
-    sharded model and optimizer saved with DCP, the unsharded ones with torch.save (the reference
-    continues from them); and the gathered state dict's format."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    from kernelbench.distributed.fsdp import build_pair, device_for, make_mesh
-
-    device = device_for(0)
-    plain, sharded = build_pair(CONFIG, 0, device, make_mesh(device, world))
-    plain_opt, sharded_opt = DCP_FACTORY(list(plain.named_parameters())), DCP_FACTORY(list(sharded.named_parameters()))
-    rows = _step_pair(plain, sharded, plain_opt, sharded_opt, STEPS)
-    dcp.save({"model": get_model_state_dict(sharded), "optim": get_optimizer_state_dict(sharded, sharded_opt)},
-             checkpoint_id=f"{directory}/sharded")
-    if dist.get_rank() == 0:
-        torch.save({"model": plain.state_dict(), "optim": plain_opt.state_dict()}, f"{directory}/plain.pt")
-    dist.barrier()
-    return rows, _full_state_dict_format(plain, sharded, plain_opt, sharded_opt, DCP_FACTORY)
-
-
-def _dcp_load_and_continue(world, directory):
-    """Fresh models (other weights) on ``world`` ranks, loaded from the checkpoint: the state right
-    after loading (step 0 of the rows) and one more step, against the unsharded continuation."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    from kernelbench.distributed.fsdp import build_pair, compare_runs, device_for, make_mesh
-
-    device = device_for(0)
-    plain, sharded = build_pair(CONFIG, 1, device, make_mesh(device, world))
-    plain_opt, sharded_opt = DCP_FACTORY(list(plain.named_parameters())), DCP_FACTORY(list(sharded.named_parameters()))
-    saved = torch.load(f"{directory}/plain.pt", weights_only=True)
-    plain.load_state_dict(saved["model"])
-    plain_opt.load_state_dict(saved["optim"])
-    state = {"model": get_model_state_dict(sharded), "optim": get_optimizer_state_dict(sharded, sharded_opt)}
-    dcp.load(state, checkpoint_id=f"{directory}/sharded")
-    set_model_state_dict(sharded, state["model"])
-    set_optimizer_state_dict(sharded, sharded_opt, state["optim"])
-    rows = compare_runs(0, plain, sharded, plain_opt, sharded_opt, True)
-    return rows + _step_pair(plain, sharded, plain_opt, sharded_opt, 1, first=STEPS + 1)
+    return CheckpointRequest(Factory(True, 0.9), CONFIG, f"{directory}/ckpt", steps_before=STEPS, steps_after=1)
 
 
 # Spread over the rank counts so that each (ranks, state, first moment) case the kernels branch on
-# runs once: 8-bit with a first moment on 2 ranks (the DCP run), on 3 (Blocks, the DCP load), 8-bit
-# without on 3, fp32 with on 3, without on 2.
-def _two_ranks(rank, world, directory):
-    rows, full_state_dict = _dcp_save(world, directory)
-    return {
-        "8bit": rows,
-        "full_state_dict": full_state_dict,
+# runs once; the DCP reshard (8-bit with a first moment) is saved on 2 ranks, loaded on 3 and 1.
+def _two_ranks(rank, world, request):
+    from kernelbench.distributed.fsdp import checkpoint_save_rank
+
+    out = {
+        "8bit": fsdp_parity_rank(rank, world, FsdpParityRequest(Factory(True, 0.9), CONFIG, steps=STEPS)),
         "fp32": fsdp_parity_rank(rank, world, FsdpParityRequest(Factory(False, None), CONFIG, steps=STEPS)),
         "errors": _error_cases(world),
+        "full_state_dict": _full_state_dict_format(world),
     }
+    checkpoint_save_rank(rank, world, request)
+    return out
 
 
-def _three_ranks(rank, world, directory):
+def _three_ranks(rank, world, request):
+    from kernelbench.distributed.fsdp import checkpoint_resume_rank
+
     return {
         "8bit": fsdp_parity_rank(rank, world, FsdpParityRequest(Factory(True, None), CONFIG, steps=STEPS)),
         "fp32": fsdp_parity_rank(rank, world, FsdpParityRequest(Factory(False, 0.9), CONFIG, steps=STEPS)),
         "blocks": _blocks_parity(world, Factory(True, 0.9)),
-        "dcp_load": _dcp_load_and_continue(world, directory),
+        "dcp_load": checkpoint_resume_rank(rank, world, request),
     }
 
 
-def _one_rank(rank, world, directory):
-    return {"dcp_load": _dcp_load_and_continue(world, directory)}
+def _one_rank(rank, world, request):
+    from kernelbench.distributed.fsdp import checkpoint_resume_rank
+
+    return {"dcp_load": checkpoint_resume_rank(rank, world, request)}
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("adafactor_dcp"))
+def checkpoint(tmp_path_factory):
+    return checkpoint_request(tmp_path_factory.mktemp("adafactor_dcp"))
 
 
 @pytest.fixture(scope="module")
-def two_ranks(checkpoint_dir):
-    return run_ranks(_two_ranks, 2, args=(checkpoint_dir,), timeout_s=600, collective_timeout_s=120)[0]
+def two_ranks(checkpoint):  # also saves the checkpoint the others load
+    return run_ranks(_two_ranks, 2, args=(checkpoint,), timeout_s=600, collective_timeout_s=120)[0]
 
 
 @pytest.fixture(scope="module")
-def three_ranks(two_ranks, checkpoint_dir):  # loads the checkpoint two_ranks saved
-    return run_ranks(_three_ranks, 3, args=(checkpoint_dir,), timeout_s=600, collective_timeout_s=120)[0]
+def three_ranks(two_ranks, checkpoint):
+    return run_ranks(_three_ranks, 3, args=(checkpoint,), timeout_s=600, collective_timeout_s=120)[0]
 
 
 @pytest.fixture(scope="module")
-def one_rank(two_ranks, checkpoint_dir):
-    return run_ranks(_one_rank, 1, args=(checkpoint_dir,), timeout_s=300)[0]
+def one_rank(two_ranks, checkpoint):
+    return run_ranks(_one_rank, 1, args=(checkpoint,), timeout_s=300)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,9 +311,9 @@ def test_full_state_dict_is_the_single_device_format(two_ranks):
 
 
 def _check_resumed(rows, label):
-    loaded = [r for r in rows if r["step"] == 0]
-    # straight after loading, the codes, ranges and scales are those saved (the 2-rank run's,
-    # which equal the unsharded run's codes): a reshard keeps every block's range
+    loaded = [r for r in rows if r["step"] == STEPS]
+    # straight after loading, the codes and ranges are those the 2-rank run saved, which equal the
+    # unsharded run's: a reshard keeps every block's range
     codes = [r for r in loaded if _key(r) in CODES + ("row_range", "v_range", "step")]
     assert codes and all(r["bitwise"] for r in codes), [r["tensor"] for r in codes if not r["bitwise"]]
     check_parity(rows, label)
