@@ -86,12 +86,19 @@ def _blocks_parity(world, factory):
     from torch.distributed.fsdp import fully_shard
 
     from kernelbench.distributed.fsdp import device_for, make_mesh
+    from kernelbench.optim.adafactor import dequantize_state
 
     device = device_for(0)
     plain = Blocks().to(device)
     sharded = fully_shard(copy.deepcopy(plain), mesh=make_mesh(device, world))
-    return _step_pair(plain, sharded, factory(list(plain.named_parameters())),
-                      factory(list(sharded.named_parameters())), STEPS)
+    plain_opt, sharded_opt = factory(list(plain.named_parameters())), factory(list(sharded.named_parameters()))
+    rows = _step_pair(plain, sharded, plain_opt, sharded_opt, STEPS)
+    # dequantize_state gathers a sharded parameter's state: the values one device decodes
+    decoded = {}
+    for (name, p), q in zip(sharded.named_parameters(), plain.parameters()):
+        mine, ref = dequantize_state(p, sharded_opt.state[p]), dequantize_state(q, plain_opt.state[q])
+        decoded[name] = {key: float((mine[key] - ref[key]).norm() / ref[key].norm()) for key in ref}
+    return rows, decoded
 
 
 def _error(fn) -> str:
@@ -282,10 +289,13 @@ def test_three_ranks_step_as_one_device(three_ranks, state):
 
 def test_code_blocks_cut_by_shard_boundaries(three_ranks):
     """Row blocks and flat blocks split 50 | 50 | 50 and 1667 | 1667 | 1666, ranks holding no row:
-    every code, range and scale as one device writes them (see the module docstring)."""
-    rows = three_ranks["blocks"]
+    every code, range and scale as one device writes them (see the module docstring), and the
+    decoded state (dequantize_state gathers a sharded parameter's) that of one device."""
+    rows, decoded = three_ranks["blocks"]
     check_parity(rows, "Blocks on 3 ranks")
     assert {r["tensor"] for r in rows} >= {"wide.row_range", "long.v_range", "long.m_scale", "few.col_q"}
+    assert set(decoded) == set(Blocks.SHAPES) and all(decoded[name] for name in decoded)
+    assert all(err <= REL_TOL for errors in decoded.values() for err in errors.values()), decoded
 
 
 def test_unsupported_layouts_are_clear_errors(two_ranks):

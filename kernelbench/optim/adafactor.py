@@ -65,6 +65,10 @@ __all__ = ["Adafactor8bit", "LaunchConfig", "dequantize_state", "ROW_BLOCK", "CO
 class Adafactor8bit(torch.optim.Optimizer):
     """Adafactor with 8-bit block-wise state (math, layout and errors: ``adafactor_kernels``).
 
+    DTensor parameters of ``fully_shard`` (FSDP2; 1-D and 2-D, sharded on dim 0) step their local
+    rows and reduce the global statistics across the ranks; the state is then laid out for
+    ``torch.distributed.checkpoint`` (module docstring). Every rank must step the same parameters.
+
     Args:
         params: parameters, named parameters (names appear in errors) or param groups.
         lr: step-size cap; with ``relative_step`` the step size is min(lr, 1/sqrt(t)).

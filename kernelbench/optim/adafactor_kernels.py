@@ -88,6 +88,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._sharding import is_dtensor
 from ._triton_utils import upload_int64
 
 # State format (a checkpoint's codes and ranges are laid out by these; changing one changes the
@@ -777,8 +778,10 @@ def _decode_log2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
 
 def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor]:
     """The fp32 values an 8-bit state stands for, decoded as the kernels decode them, under the
-    names the fp32 state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests."""
+    names the fp32 state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests. The
+    state of a sharded parameter is gathered first (a collective: call it on every rank)."""
     out: dict[str, torch.Tensor] = {}
+    state = {key: value.full_tensor() if is_dtensor(value) else value for key, value in state.items()}
     if "row_q" in state:
         R, C = param.shape[-2], param.shape[-1]
         B = param.numel() // (R * C)
