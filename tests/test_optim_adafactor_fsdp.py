@@ -101,6 +101,55 @@ def _blocks_parity(world, factory):
     return rows, decoded
 
 
+class TinyLM(torch.nn.Module):
+    """Embedding, one hidden layer with a LayerNorm, output: real gradients from a backward through
+    fully_shard (reduce-scattered shards, views into FSDP's buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(37, 24)
+        self.up = torch.nn.Linear(24, 70)
+        self.norm = torch.nn.LayerNorm(70)
+        self.out = torch.nn.Linear(70, 37)
+
+    def forward(self, tokens):
+        return self.out(self.norm(torch.relu(self.up(self.emb(tokens)))))
+
+
+def _training(world, steps=3):
+    """Losses of a training run under fully_shard (each rank its own batch) and of the same run on
+    the whole batch unsharded, step by step."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from kernelbench.distributed.fsdp import make_mesh
+
+    torch.manual_seed(0)
+    plain = TinyLM()
+    sharded = copy.deepcopy(plain)
+    mesh = make_mesh(torch.device("cpu"), world)
+    fully_shard(sharded.up, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    factory = Factory(True, 0.9)
+    plain_opt, sharded_opt = factory(list(plain.named_parameters())), factory(list(sharded.named_parameters()))
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    def train_step(model, opt, batch):
+        loss = torch.nn.functional.cross_entropy(model(batch).flatten(0, 1), batch.roll(-1, 1).flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    for _ in range(steps):
+        tokens = torch.randint(0, 37, (2 * world, 16), generator=gen)
+        expected = train_step(plain, plain_opt, tokens)
+        mean = train_step(sharded, sharded_opt, tokens[2 * dist.get_rank():2 * dist.get_rank() + 2])
+        dist.all_reduce(mean)
+        losses.append((float(expected), float(mean) / world))
+    return losses
+
+
 def _error(fn) -> str:
     try:
         fn()
@@ -204,6 +253,7 @@ def _two_ranks(rank, world, request):
         "fp32": fsdp_parity_rank(rank, world, FsdpParityRequest(Factory(False, None), CONFIG, steps=STEPS)),
         "errors": _error_cases(world),
         "full_state_dict": _full_state_dict_format(world),
+        "training": _training(world),
     }
     checkpoint_save_rank(rank, world, request)
     return out
@@ -312,6 +362,14 @@ def test_unsupported_layouts_are_clear_errors(two_ranks):
     assert "state 'col_q' of parameter 0 (6x4) is a DTensor; it is the same on every rank" in \
         errors["shared_state_dtensor"], errors["shared_state_dtensor"]
     assert errors["untouched"], "a parameter was stepped before the error"
+
+
+def test_training_under_fully_shard_follows_the_unsharded_run(two_ranks):
+    """Gradients from a backward through fully_shard (the issue's case: an illegal memory access on
+    the GPU before DTensor support): each step's loss equals the unsharded run's up to the order of
+    the sums (the batch's mean over two ranks, the optimizer's global statistics)."""
+    for step, (expected, sharded) in enumerate(two_ranks["training"]):
+        assert abs(sharded - expected) <= 1e-5 * abs(expected), (step, sharded, expected)
 
 
 def test_full_state_dict_is_the_single_device_format(two_ranks):
