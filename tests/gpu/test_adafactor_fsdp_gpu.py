@@ -11,7 +11,7 @@ of the sums, relative 1e-6 for fp32 state; an 8-bit code may then differ by one 
 value sits at a threshold of its stochastic rounding, which moves that element's decoded state by
 one code step and the parameters it updates by a fraction of one step's update: codes within one
 step (a first-moment code's sign near zero counted through zero), parameters within 1e-4
-relative, absmax scales and column ranges within 1/64 (one code step of a block's extreme). The
+relative, absmax scales and log2 ranges within 1/64 (one code step of a block's extreme). The
 printed rows give the measured figures.
 """
 
@@ -142,9 +142,10 @@ def _tolerance(case: str, kind: str) -> float:
         return 1e-6
     if kind == "param":
         return 1e-4
-    if kind in ("m_scale", "col_range"):
+    if kind == "m_scale" or kind.endswith("_range"):
         # a first-moment code one step off moves its block's next absmax by up to 2/127 of it; a
-        # column code one step off moves its block's next log2 range by up to 40/255 (values ~ -13)
+        # second-moment code one step off moves its block's next log2 range by up to 40/255 (values
+        # ~ -13)
         return 1 / 64
     return 1e-6
 
