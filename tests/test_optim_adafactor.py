@@ -287,3 +287,80 @@ def test_launch_config_changes_speed_not_results():
         assert set(opt_a.state[pa]) == set(opt_b.state[pb])
     with pytest.raises(TypeError, match="launch_config"):
         Adafactor8bit(make_params([(4,)]), launch_config={"num_warps": 4})
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass the kernels know nothing of (its data_ptr may not be its data)."""
+
+
+def test_tensor_subclasses_are_refused_before_any_launch():
+    w, b = make_params([(8, 9), (9,)])
+    sub = torch.nn.Parameter(torch.zeros(8, 9).as_subclass(_Tagged))
+    sub.grad = torch.ones(8, 9)
+    with pytest.raises(TypeError, match=r"parameter 'layer.sub' \(8x9\) is a .*_Tagged; the kernels take plain"):
+        Adafactor8bit([("layer.w", w), ("layer.sub", sub)]).step()
+    b.grad = torch.ones(9).as_subclass(_Tagged)
+    with pytest.raises(TypeError, match=r"the gradient of parameter 0 \(9\) is a .*_Tagged"):
+        Adafactor8bit([b]).step()
+    assert torch.equal(w, make_params([(8, 9)])[0]), "a parameter was stepped before the error"
+
+
+def test_meta_parameters_are_refused():
+    m = torch.nn.Parameter(torch.zeros(4, 4, device="meta"))
+    m.grad = torch.zeros(4, 4, device="meta")
+    with pytest.raises(ValueError, match=r"parameter 0 \(4x4\) is a meta tensor"):
+        Adafactor8bit([m]).step()
+
+
+def test_storage_smaller_than_the_tensor_is_refused():
+    """A gradient whose storage was shrunk under it (as FSDP1 frees parameters): the kernel would
+    read past the allocation."""
+    w = make_params([(8, 9)])[0]
+    w.grad = torch.randn(8, 9)
+    w.grad.untyped_storage().resize_(16)
+    with pytest.raises(ValueError, match=r"the gradient of parameter 0 \(8x9\) is a view reaching byte 288 of a "
+                                         r"storage of 16 bytes"):
+        Adafactor8bit([w], min_8bit_size=0).step()
+
+
+def _shrunk(t):
+    t.untyped_storage().resize_(1)
+    return t
+
+
+@pytest.mark.parametrize("key, tamper, error, match", [
+    ("row_q", _shrunk, ValueError, r"state 'row_q' of parameter 0 \(70x65\) is a view reaching byte 70 of a storage "
+     r"of 1 bytes"),
+    ("col_range", lambda t: t.to("meta"), ValueError, r"state 'col_range' of parameter 0 \(70x65\) is a meta tensor"),
+    ("m_q", lambda t: t.float(), RuntimeError, r"state 'm_q' of parameter 0 \(70x65\) is torch.float32 of shape "
+     r"\(70, 65\); the kernels need contiguous torch.uint8 of shape \(70, 65\)"),
+    ("m_scale", lambda t: t[:35], RuntimeError, r"state 'm_scale' of parameter 0 \(70x65\) is torch.float32 of shape "
+     r"\(35, 1\); the kernels need contiguous torch.float32 of shape \(70, 1\)"),
+    ("row_range", lambda t: t.t(), RuntimeError, r"state 'row_range' of parameter 0 \(70x65\) is torch.float32 of "
+     r"shape \(2, 2\), not contiguous"),
+    ("row_q", lambda t: t.as_subclass(_Tagged), TypeError, r"state 'row_q' of parameter 0 \(70x65\) is a .*_Tagged"),
+])
+def test_state_tensors_are_checked_before_any_launch(key, tamper, error, match):
+    """Every state tensor whose address enters a launch table is checked when the table is built
+    (type, device, storage extent, dtype, shape, contiguity)."""
+    p = make_params([(70, 65)])
+    opt = run(Adafactor8bit, p, 1, beta1=0.9, min_8bit_size=0)
+    before = p[0].detach().clone()
+    opt.state[p[0]][key] = tamper(opt.state[p[0]][key])
+    set_grads(p, 1)  # a new gradient tensor: the launch tables are rebuilt, and the state checked
+    with pytest.raises(error, match=match):
+        opt.step()
+    assert torch.equal(p[0].detach(), before)
+
+
+def test_state_dict_of_another_shape_never_reaches_a_kernel():
+    """torch's load_state_dict does not compare shapes; a state dict saved for a (70, 65)
+    parameter loaded for a (65, 70) one would make the kernels write past the row codes."""
+    a = run(Adafactor8bit, make_params([(70, 65)]), 1, min_8bit_size=0)
+    q = make_params([(65, 70)])
+    b = Adafactor8bit(q, min_8bit_size=0)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    set_grads(q, 0)
+    with pytest.raises(RuntimeError, match=r"state 'row_q' of parameter 0 \(65x70\) is torch.uint8 of shape \(70,\); "
+                                           r"the kernels need contiguous torch.uint8 of shape \(65,\)"):
+        b.step()

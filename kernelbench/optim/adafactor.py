@@ -4,18 +4,42 @@ Math, state layout, quantisation errors and the kernels are described in
 ``kernelbench.optim.adafactor_kernels``; ``kernelbench.optim.adafactor_ref.AdafactorRef`` is the
 pure-PyTorch fp32 reference. Here: param groups, hyperparameter checks, state initialisation, the
 per-group launch plan's cache, and checkpoints.
+
+Sharded parameters (FSDP2). DTensor parameters of ``fully_shard`` (1-D and 2-D, sharded on dim 0)
+are stepped through their local rows with the same kernels; the global sums Adafactor needs (the
+column statistics, mean(r), RMS(p), RMS(u)) are reduced across the ranks of the sharding mesh
+dimension, one all-reduce per phase and reduction for the whole group. The state keeps the
+single-device format (same keys, shapes of the whole tensor, same codes), laid out so that
+``get_optimizer_state_dict`` / DCP can reshard it:
+
+    per row / element of the parameter   DTensor of the parameter's layout:  row_q / row, m_q / m,
+                                          m_scale (factored: one absmax per row and column block),
+                                          v_q / v
+    shared by all rows                    plain tensor, identical on every rank: step, col_q / col,
+                                          col_range, row_range, v_range, m_scale (full tensors)
+
+Code blocks that span rows (ROW_BLOCK rows share a row_range entry, FLAT_BLOCK elements of a 1-D
+tensor a v_range / m_scale entry) may be cut by a shard boundary, so their ranges are those of the
+whole block, reduced across the ranks (max of hi and of -lo, max of absmax), and the stochastic
+rounding is seeded by global indices: a sharded step writes the codes a single device writes from
+the same statistics. The cost is one MAX all-reduce (ranges) beside the second SUM, and for an
+8-bit first moment of a 1-D tensor a third exchange and one more small kernel (its absmax is known
+only after RMS(u)).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from ._sharding import check_kernel_tensor, check_like_param, is_dtensor, like_param, local_tensor, row_shard
 from ._triton_utils import (
     check_device_supported,
     check_param_and_grad,
+    on_device,
     param_label,
     refuse_rebuild_while_capturing,
 )
@@ -26,17 +50,24 @@ from .adafactor_kernels import (
     ROW_BLOCK,
     LaunchConfig,
     Plan,
+    ShardInfo,
     _cdiv,
     build_plan,
     dequantize_state,
     launch_step,
 )
 
+_WHO = "Adafactor8bit"
+
 __all__ = ["Adafactor8bit", "LaunchConfig", "dequantize_state", "ROW_BLOCK", "COL_BLOCK", "FLAT_BLOCK"]
 
 
 class Adafactor8bit(torch.optim.Optimizer):
     """Adafactor with 8-bit block-wise state (math, layout and errors: ``adafactor_kernels``).
+
+    DTensor parameters of ``fully_shard`` (FSDP2; 1-D and 2-D, sharded on dim 0) step their local
+    rows and reduce the global statistics across the ranks; the state is then laid out for
+    ``torch.distributed.checkpoint`` (module docstring). Every rank must step the same parameters.
 
     Args:
         params: parameters, named parameters (names appear in errors) or param groups.
@@ -72,7 +103,7 @@ class Adafactor8bit(torch.optim.Optimizer):
         launch_config: LaunchConfig = DEFAULT_LAUNCH,
     ) -> None:
         if not isinstance(launch_config, LaunchConfig):
-            raise TypeError(f"Adafactor8bit: launch_config={launch_config!r}; accepted: a "
+            raise TypeError(f"{_WHO}: launch_config={launch_config!r}; accepted: a "
                             "kernelbench.optim.adafactor_kernels.LaunchConfig.")
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, decay_rate=decay_rate, eps=eps,
                         clip_threshold=clip_threshold, weight_decay=weight_decay,
@@ -96,71 +127,114 @@ class Adafactor8bit(torch.optim.Optimizer):
         return keys | {"step"}
 
     @staticmethod
-    def _init_state(p: torch.Tensor, quant: bool, has_m: bool) -> dict[str, torch.Tensor]:
-        dev = p.device
-        state: dict[str, torch.Tensor] = {"step": torch.zeros((), dtype=torch.float32, device=dev)}
+    def _state_layout(p: torch.Tensor, quant: bool, has_m: bool) -> dict[str, tuple[torch.dtype, tuple, bool]]:
+        """key -> (dtype, shape the kernels read, per row of the parameter). Per-row state of a
+        DTensor parameter is a DTensor of its layout (the shape is the local one); the rest is a
+        plain tensor of the whole tensor's shape (module docstring)."""
+        whole, local = tuple(p.shape), tuple(local_tensor(p).shape)
+        f32, u8 = torch.float32, torch.uint8
+        layout: dict[str, tuple[torch.dtype, tuple, bool]] = {"step": (f32, (), False)}
         if p.ndim >= 2:
-            R, C = p.shape[-2], p.shape[-1]
-            B = p.numel() // (R * C)
-            row_shape, col_shape = p.shape[:-1], p.shape[:-2] + p.shape[-1:]
+            R, C = whole[-2], whole[-1]
+            B = math.prod(whole[:-2])
             if quant:
-                state["row_q"] = torch.zeros(row_shape, dtype=torch.uint8, device=dev)
-                state["row_range"] = torch.zeros(B * _cdiv(R, ROW_BLOCK), 2, dtype=torch.float32, device=dev)
-                state["col_q"] = torch.zeros(col_shape, dtype=torch.uint8, device=dev)
-                state["col_range"] = torch.zeros(B * _cdiv(C, COL_BLOCK), 2, dtype=torch.float32, device=dev)
+                layout["row_q"] = (u8, local[:-1], True)
+                layout["row_range"] = (f32, (B * _cdiv(R, ROW_BLOCK), 2), False)
+                layout["col_q"] = (u8, whole[:-2] + whole[-1:], False)
+                layout["col_range"] = (f32, (B * _cdiv(C, COL_BLOCK), 2), False)
             else:
-                state["row"] = torch.zeros(row_shape, dtype=torch.float32, device=dev)
-                state["col"] = torch.zeros(col_shape, dtype=torch.float32, device=dev)
+                layout["row"] = (f32, local[:-1], True)
+                layout["col"] = (f32, whole[:-2] + whole[-1:], False)
             if has_m:
                 if quant:
-                    state["m_q"] = torch.zeros(p.shape, dtype=torch.uint8, device=dev)
-                    state["m_scale"] = torch.zeros(B * R, _cdiv(C, COL_BLOCK), dtype=torch.float32, device=dev)
+                    layout["m_q"] = (u8, local, True)
+                    layout["m_scale"] = (f32, (math.prod(local[:-1]), _cdiv(C, COL_BLOCK)), True)
                 else:
-                    state["m"] = torch.zeros(p.shape, dtype=torch.float32, device=dev)
+                    layout["m"] = (f32, local, True)
         else:
             nblocks = _cdiv(p.numel(), FLAT_BLOCK)
             if quant:
-                state["v_q"] = torch.zeros(p.shape, dtype=torch.uint8, device=dev)
-                state["v_range"] = torch.zeros(nblocks, 2, dtype=torch.float32, device=dev)
+                layout["v_q"] = (u8, local, True)
+                layout["v_range"] = (f32, (nblocks, 2), False)
             else:
-                state["v"] = torch.zeros(p.shape, dtype=torch.float32, device=dev)
+                layout["v"] = (f32, local, True)
             if has_m:
                 if quant:
-                    state["m_q"] = torch.zeros(p.shape, dtype=torch.uint8, device=dev)
-                    state["m_scale"] = torch.zeros(nblocks, dtype=torch.float32, device=dev)
+                    layout["m_q"] = (u8, local, True)
+                    layout["m_scale"] = (f32, (nblocks,), False)
                 else:
-                    state["m"] = torch.zeros(p.shape, dtype=torch.float32, device=dev)
-        return state
+                    layout["m"] = (f32, local, True)
+        return layout
+
+    @classmethod
+    def _init_state(cls, p: torch.Tensor, quant: bool, has_m: bool) -> dict[str, torch.Tensor]:
+        dev = local_tensor(p).device
+        return {key: like_param(p, torch.zeros(shape, dtype=dtype, device=dev)) if per_row
+                else torch.zeros(shape, dtype=dtype, device=dev)
+                for key, (dtype, shape, per_row) in cls._state_layout(p, quant, has_m).items()}
+
+    def _kernel_state(self, p: torch.Tensor, label: str, state: dict, quant: bool, has_m: bool,
+                      device: torch.device) -> dict[str, torch.Tensor]:
+        """The tensors whose addresses go into the launch tables, each checked (layout, dtype,
+        shape, storage) before any launch: a state dict of another shape or setting never reaches
+        a kernel."""
+        kernel_state = {}
+        for key, (dtype, shape, per_row) in self._state_layout(p, quant, has_m).items():
+            value, what = state[key], f"state '{key}' of {label}"
+            if per_row:
+                check_like_param(label, p, value, _WHO, f"state '{key}'")
+            elif is_dtensor(value):
+                raise TypeError(f"{_WHO}: {what} is a DTensor; it is the same on every rank and is kept as a "
+                                "plain tensor of the whole tensor's shape.")
+            local = local_tensor(value)
+            check_kernel_tensor(local, what, device, _WHO)
+            if local.dtype != dtype or tuple(local.shape) != shape or not local.is_contiguous():
+                raise RuntimeError(
+                    f"{_WHO}: {what} is {local.dtype} of shape {tuple(local.shape)}"
+                    f"{'' if local.is_contiguous() else ', not contiguous'}; the kernels need contiguous {dtype} of "
+                    f"shape {shape} (was the state dict saved for this parameter and these settings?).")
+            kernel_state[key] = local
+        return kernel_state
 
     # -- launch plan -------------------------------------------------------------------------
     def _plan(self, gi: int, group: dict, salt0: int) -> Plan | None:
         params = group["params"]
         names = group.get("param_names")
-        entries = []  # (param, grad, label, salt)
+        entries = []  # (param, local param, local grad, label, salt)
         device = None
         for i, p in enumerate(params):
             if p.grad is None:
                 continue
             label = param_label(names[i] if names else None, i, p)
-            device = device or p.device
-            check_param_and_grad(label, p, p.grad, device, (torch.float32,), "Adafactor8bit")
-            if not p.is_contiguous() or not p.grad.is_contiguous():
-                raise RuntimeError(f"Adafactor8bit: {label} or its gradient is not contiguous; the factored "
+            # The kernels read local tensors: a DTensor's own data_ptr() is not its data.
+            lp, lg = local_tensor(p), local_tensor(p.grad)
+            if lp is not p or lg is not p.grad:
+                check_like_param(label, p, p.grad, _WHO)
+            device = device or lp.device
+            check_param_and_grad(label, lp, lg, device, (torch.float32,), _WHO)
+            if not lp.is_contiguous() or not lg.is_contiguous():
+                raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; the factored "
                                    "kernels read rows and columns of the last two dims in row-major order.")
             if p.numel() == 0:
                 continue
-            entries.append((p, p.grad, label, salt0 + i))
+            entries.append((p, lp, lg, label, salt0 + i))
         if not entries:
             return None
-        check_device_supported(device, "Adafactor8bit")
-        key = tuple((p.data_ptr(), g.data_ptr()) for p, g, _, _ in entries)
+        check_device_supported(device, _WHO)
+        key = tuple((lp.data_ptr(), lg.data_ptr()) for _, lp, lg, _, _ in entries)
         plan = self._plans.get(gi)
         if plan is not None and plan.key == key:
             return plan
-        refuse_rebuild_while_capturing("Adafactor8bit")
+        refuse_rebuild_while_capturing(_WHO)
 
         has_m = group["beta1"] is not None
-        for p, _, label, _ in entries:
+        kernel_states, shards = [], []
+        for p, _, _, label, _ in entries:
+            shard = row_shard(p, label, _WHO)  # None for plain tensors; unsupported layouts raise here
+            if is_dtensor(p) and p.ndim > 2:
+                raise ValueError(f"{_WHO}: {label} is a {p.ndim}-dim DTensor; sharded parameters must have 1 or 2 "
+                                 "dims (stacked matrices under fully_shard are not supported; keep them as "
+                                 "plain tensors or split them into 2-dim parameters).")
             quant = group["quantize"] and p.numel() >= group["min_8bit_size"]
             state = self.state[p]
             if not state:
@@ -168,18 +242,17 @@ class Adafactor8bit(torch.optim.Optimizer):
             expected = self._expected_keys(p, quant, has_m)
             if set(state) != expected:
                 raise RuntimeError(
-                    f"Adafactor8bit: the state of {label} holds {sorted(state)} but this group's settings "
+                    f"{_WHO}: the state of {label} holds {sorted(state)} but this group's settings "
                     f"(quantize={group['quantize']}, min_8bit_size={group['min_8bit_size']}, beta1="
                     f"{group['beta1']}) need {sorted(expected)}; a state dict must be loaded into an "
                     "optimizer built with the settings it was saved with.")
-            for key_name, value in state.items():
-                if value.device != p.device:
-                    raise RuntimeError(f"Adafactor8bit: state '{key_name}' of {label} is on {value.device}, "
-                                       f"the parameter on {p.device}.")
-
-        states = [self.state[p] for p, _, _, _ in entries]
-        plan = build_plan([(p, g, salt, st) for (p, g, _, salt), st in zip(entries, states)], key, has_m,
-                          device, self.launch_config)
+            kernel_states.append(self._kernel_state(p, label, state, quant, has_m, device))
+            rows = p.shape[-2] if p.ndim >= 2 else p.numel()
+            shards.append(ShardInfo(shard.row_start, rows, shard.group) if shard is not None
+                          else ShardInfo(0, rows, None))
+        sharded = any(is_dtensor(p) for p, *_ in entries)
+        plan = build_plan([(lp, lg, salt, st) for (_, lp, lg, _, salt), st in zip(entries, kernel_states)], key,
+                          has_m, device, self.launch_config, shards if sharded else None)
         self._plans[gi] = plan
         return plan
 
@@ -195,7 +268,8 @@ class Adafactor8bit(torch.optim.Optimizer):
             plan = self._plan(gi, group, salt0)
             salt0 += len(group["params"])
             if plan is not None:
-                launch_step(plan, group)
+                with on_device(plan.meta.device):
+                    launch_step(plan, group)
         return loss
 
     # -- checkpoints -------------------------------------------------------------------------

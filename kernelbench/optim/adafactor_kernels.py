@@ -52,16 +52,43 @@ row, RMS(u) needs the new statistics, and the update needs RMS(u). RMS(p) rides 
 No step reads anything back to the host: the step counter, the reductions and the scalars derived
 from them live on the device; partial sums are reduced in a fixed order (no atomics), so results
 are deterministic. Parameters and gradients: fp32, contiguous.
+
+Sharded tensors (each rank holds rows [row0, row0 + rows) of every matrix, or elements of a 1-dim
+tensor; ``ShardInfo``): the same kernels over the local rows, with the global sums exchanged in
+between (``_launch_sharded_step``; each exchange is one all-reduce of one workspace slice per
+process group, no host synchronisation):
+
+    factored  K1 (SHARDED)  row statistic from the local rows; its codes wait (K5), since the
+                            range of a row block that ranks share needs all of its rows
+              K2 phase 1    local column sums, sum of r, log2 min / max of r per row block
+      A: SUM  column sums, sum of r
+              K2 phase 2    c (EMA, requantised as on one device), mean(r) = sum / global rows; K3
+    full      N1 (SHARDED)  items over the whole tensor's blocks, so one program per rank owns each
+                            block: partials of u^2, p^2, log2 min / max of v' per block
+    all       K4 phase 1    sums of p^2, u^2 per tensor
+      B: SUM  those sums; MAX  the -lo / hi slots of shared code blocks
+              K4 phase 2    scalars from global sums and numel; row ranges written (8-bit)
+    factored  K5 (SHARDED)  also encodes r with the shared ranges
+    full      N3 (SHARDED)  encodes v with the shared ranges; an 8-bit m goes to the workspace
+      C: MAX  absmax per block of full tensors' 8-bit m, then N4 encodes it
+
+Stochastic rounding is seeded by global indices, and min / max are exact, so wherever the sharded
+statistics equal the single-device ones the codes do too. r and v come from each row's own
+elements, added over the same column tiles as on one device; the column statistic and the
+per-tensor sums agree up to the order of their additions.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from ._sharding import is_dtensor
 from ._triton_utils import upload_int64
 
 # State format (a checkpoint's codes and ranges are laid out by these; changing one changes the
@@ -120,7 +147,14 @@ LOG2_SPAN = tl.constexpr(40.0)
 _M_G, _M_P, _M_STEP, _M_V, _M_VR, _M_COL, _M_COLR, _M_M, _M_MS = (tl.constexpr(i) for i in range(9))
 _M_R, _M_C, _M_B, _M_ITEM0, _M_NITEMS, _M_COLPART, _M_ROWTMP, _M_COLTMP, _M_RMEAN, _M_SALT = (
     tl.constexpr(i) for i in range(9, 19))
-NMETA = tl.constexpr(19)
+# Sharded tensors only (read by the SHARDED / PHASE variants; 0 in a single-device plan): the global
+# index of the local first row (factored: row of each matrix; full: element), the global rows of
+# each matrix (factored) or elements (full), and workspace offsets of the slots exchanged with the
+# other ranks: column and row-statistic sums, (p^2, u^2) sums, range slots (-lo, hi) of code blocks
+# that ranks share, the first moment's absmax slots, the new first moment (fp32) awaiting its
+# absmax; the number of row-range entries the finish kernel writes.
+_M_ROW0, _M_RG, _M_SUMA, _M_SUMB, _M_MAXB, _M_MAXC, _M_MTMP, _M_NRANGE = (tl.constexpr(i) for i in range(19, 27))
+NMETA = tl.constexpr(27)
 # Random streams for stochastic rounding (one per kind of state, so their noise is independent).
 _STREAM_ROW, _STREAM_COL, _STREAM_V, _STREAM_M = (tl.constexpr(i) for i in range(4))
 
@@ -225,6 +259,19 @@ def _flat_blocks(meta, j, NB: tl.constexpr, QB: tl.constexpr):
 
 
 @triton.jit
+def _flat_blocks_sharded(meta, j, NB: tl.constexpr, QB: tl.constexpr):
+    """Work item j of a sharded full tensor: NB blocks of QB elements of the *whole* tensor (so
+    that one program on each rank owns a code block whichever ranks hold its elements), their
+    element indices in the whole tensor, offsets in the local shard, and masks: elements held
+    here, blocks within the tensor."""
+    blocks = j * NB + tl.arange(0, NB)
+    global_offs = blocks[:, None] * QB + tl.arange(0, QB)[None, :]
+    offs = global_offs - tl.load(meta + _M_ROW0)
+    mask = (offs >= 0) & (offs < tl.load(meta + _M_R))
+    return blocks, global_offs, offs, mask, blocks * QB < tl.load(meta + _M_RG)
+
+
+@triton.jit
 def _update_factor(meta, ws_ptr, index, mask, j, new, t, beta2t,
                    STATE: tl.constexpr, RANGE: tl.constexpr, TMP: tl.constexpr, STREAM: tl.constexpr,
                    QUANT: tl.constexpr):
@@ -256,6 +303,35 @@ def _update_factor(meta, ws_ptr, index, mask, j, new, t, beta2t,
 
 
 @triton.jit
+def _global_row_block(meta, b, rows, BR: tl.constexpr):
+    """Index in the row statistic's range table of the block holding each local row of matrix b
+    (blocks of BR rows of the whole matrix, which a shard boundary may cut)."""
+    RG = tl.load(meta + _M_RG)
+    return b * ((RG + BR - 1) // BR) + (tl.load(meta + _M_ROW0) + rows) // BR
+
+
+@triton.jit
+def _update_rows_sharded(meta, ws_ptr, row_index, row_mask, row_block, new, t, beta2t, QUANT: tl.constexpr):
+    """The row statistic of a sharded tensor's local rows: the moving average into the workspace
+    (and, fp32, into the state). 8-bit codes are written by the apply kernel, once the ranges of
+    the row blocks this rank shares with others have been reduced across the ranks."""
+    if QUANT:
+        q_ptr = tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8))
+        range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
+        lo = tl.load(range_ptr + 2 * row_block, mask=row_mask, other=0.0)
+        hi = tl.load(range_ptr + 2 * row_block + 1, mask=row_mask, other=0.0)
+        old = _log2_decode(tl.load(q_ptr + row_index, mask=row_mask, other=0), lo, hi)
+    else:
+        old = tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + row_index, mask=row_mask, other=0.0)
+    old = tl.where(t > 1.0, old, 0.0)
+    value = beta2t * old + (1.0 - beta2t) * new
+    tl.store(ws_ptr + tl.load(meta + _M_ROWTMP) + row_index, value, mask=row_mask)
+    if not QUANT:
+        tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + row_index, value, mask=row_mask)
+    return value
+
+
+@triton.jit
 def _factored_stats_kernel(
     items_ptr,      # int32 [n_items, 2]: (tensor index, row block across the tensor's matrices)
     meta_ptr,       # int64 [n_tensors, NMETA]: addresses and sizes
@@ -263,6 +339,7 @@ def _factored_stats_kernel(
     eps1, beta2, decay_rate,
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr, ALIGNED: tl.constexpr,
     BR: tl.constexpr, BC: tl.constexpr,
+    SHARDED: tl.constexpr = False,  # local rows of a sharded tensor: row codes wait for shared ranges
 ):
     k, j, meta = _work_item(items_ptr, meta_ptr)
     g_ptr, p_ptr, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
@@ -285,8 +362,12 @@ def _factored_stats_kernel(
     t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
     beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
     new = row_acc / C.to(tl.float32) + eps1
-    r = _update_factor(meta, ws_ptr, row_index, row_mask, j, new, t, beta2t,
-                       _M_V, _M_VR, _M_ROWTMP, _STREAM_ROW, QUANT)
+    if SHARDED:
+        r = _update_rows_sharded(meta, ws_ptr, row_index, row_mask, _global_row_block(meta, b, row_index - b * R, BR),
+                                 new, t, beta2t, QUANT)
+    else:
+        r = _update_factor(meta, ws_ptr, row_index, row_mask, j, new, t, beta2t,
+                           _M_V, _M_VR, _M_ROWTMP, _STREAM_ROW, QUANT)
     item = tl.load(meta + _M_ITEM0) + j
     tl.store(ws_ptr + 3 * item, tl.sum(p_acc, axis=0))
     tl.store(ws_ptr + 3 * item + 2, tl.sum(tl.where(row_mask, r, 0.0), axis=0))
@@ -299,6 +380,10 @@ def _factored_cols_kernel(
     eps1, beta2, decay_rate,
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr,
     BR: tl.constexpr, BCC: tl.constexpr, PR: tl.constexpr, RB: tl.constexpr,
+    # 0: the whole tensor is here. Sharded tensors run twice around an all-reduce of the sums:
+    # 1 writes this rank's column sums, row-statistic sum and row-block ranges to the exchange
+    # slots; 2 finishes from the reduced sums.
+    PHASE: tl.constexpr = 0,
 ):
     k, j, meta = _work_item(col_items_ptr, meta_ptr)
     R = tl.load(meta + _M_R)
@@ -309,26 +394,61 @@ def _factored_cols_kernel(
     cb = j - b * ncb
     cols = cb * BCC + tl.arange(0, BCC)
     col_mask = cols < C
-    base = ws_ptr + tl.load(meta + _M_COLPART) + (b * nrb).to(tl.int64) * C
-    acc = tl.zeros([BCC], dtype=tl.float32)
-    for r0 in range(0, nrb, PR):
-        prow = r0 + tl.arange(0, PR)
-        mask = (prow < nrb)[:, None] & col_mask[None, :]
-        acc += tl.sum(tl.load(base + prow.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0), axis=0)
+    if PHASE == 2:
+        sums = ws_ptr + tl.load(meta + _M_SUMA)
+        acc = tl.load(sums + b * C + cols, mask=col_mask, other=0.0)
+    else:
+        base = ws_ptr + tl.load(meta + _M_COLPART) + (b * nrb).to(tl.int64) * C
+        acc = tl.zeros([BCC], dtype=tl.float32)
+        for r0 in range(0, nrb, PR):
+            prow = r0 + tl.arange(0, PR)
+            mask = (prow < nrb)[:, None] & col_mask[None, :]
+            acc += tl.sum(tl.load(base + prow.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0), axis=0)
 
-    t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
-    beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
-    new = acc / R.to(tl.float32) + eps1
-    _update_factor(meta, ws_ptr, b * C + cols, col_mask, j, new, t, beta2t,
-                   _M_COL, _M_COLR, _M_COLTMP, _STREAM_COL, QUANT)
+    if PHASE == 1:
+        sums = ws_ptr + tl.load(meta + _M_SUMA)
+        n_sums = tl.load(meta + _M_B) * C
+        tl.store(sums + b * C + cols, acc, mask=col_mask)
+        if cb == 0:
+            item0 = tl.load(meta + _M_ITEM0) + b * nrb
+            s = tl.zeros([RB], dtype=tl.float32)
+            for i0 in range(0, nrb, RB):
+                i = i0 + tl.arange(0, RB)
+                s += tl.load(ws_ptr + 3 * (item0 + i) + 2, mask=i < nrb, other=0.0)
+            tl.store(sums + n_sums + b, tl.sum(s, axis=0))
+            if QUANT:  # log2 min / max of the new row statistic over this rank's rows of each row block
+                row0 = tl.load(meta + _M_ROW0)
+                RG = tl.load(meta + _M_RG)
+                rowtmp = ws_ptr + tl.load(meta + _M_ROWTMP) + b * R
+                slots = ws_ptr + tl.load(meta + _M_MAXB) + 2 * b * ((RG + BR - 1) // BR)
+                for g in range(row0 // BR, (row0 + R + BR - 1) // BR):
+                    rows = g * BR + tl.arange(0, BR) - row0
+                    mask = (rows >= 0) & (rows < R)
+                    logv = tl.log2(tl.maximum(tl.load(rowtmp + rows, mask=mask, other=1.0), _TINY))
+                    tl.store(slots + 2 * g, -tl.min(tl.where(mask, logv, float("inf")), axis=0))
+                    tl.store(slots + 2 * g + 1, tl.max(tl.where(mask, logv, -float("inf")), axis=0))
+    else:
+        if PHASE == 2:
+            rows_f = tl.load(meta + _M_RG).to(tl.float32)
+        else:
+            rows_f = R.to(tl.float32)
+        t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
+        beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
+        new = acc / rows_f + eps1
+        _update_factor(meta, ws_ptr, b * C + cols, col_mask, j, new, t, beta2t,
+                       _M_COL, _M_COLR, _M_COLTMP, _STREAM_COL, QUANT)
 
-    if cb == 0:  # one program per matrix also reduces the row statistic's mean
-        item0 = tl.load(meta + _M_ITEM0) + b * nrb
-        s = tl.zeros([RB], dtype=tl.float32)
-        for i0 in range(0, nrb, RB):
-            i = i0 + tl.arange(0, RB)
-            s += tl.load(ws_ptr + 3 * (item0 + i) + 2, mask=i < nrb, other=0.0)
-        tl.store(ws_ptr + tl.load(meta + _M_RMEAN) + b, tl.sum(s, axis=0) / R.to(tl.float32))
+        if cb == 0:  # one program per matrix also reduces the row statistic's mean
+            if PHASE == 2:
+                total = tl.load(sums + tl.load(meta + _M_B) * C + b)
+            else:
+                item0 = tl.load(meta + _M_ITEM0) + b * nrb
+                s = tl.zeros([RB], dtype=tl.float32)
+                for i0 in range(0, nrb, RB):
+                    i = i0 + tl.arange(0, RB)
+                    s += tl.load(ws_ptr + 3 * (item0 + i) + 2, mask=i < nrb, other=0.0)
+                total = tl.sum(s, axis=0)
+            tl.store(ws_ptr + tl.load(meta + _M_RMEAN) + b, total / rows_f)
 
 
 @triton.jit
@@ -368,6 +488,7 @@ def _factored_apply_kernel(
     beta1,
     QUANT: tl.constexpr, HAS_M: tl.constexpr, ALIGNED: tl.constexpr,
     BR: tl.constexpr, BC: tl.constexpr,
+    SHARDED: tl.constexpr = False,  # also writes the row codes (ranges reduced across the ranks)
 ):
     k, j, meta = _work_item(items_ptr, meta_ptr)
     g_ptr, p_ptr, R, C, b, row_mask, row_index, row_start = _matrix_rows(meta, j, ALIGNED, BR)
@@ -379,6 +500,18 @@ def _factored_apply_kernel(
     decay = tl.load(scal + 2)
     t = tl.load(scal + 3)
     ncb = (C + BC - 1) // BC
+    if SHARDED:  # rounding noise is seeded by global indices, so the codes are those of one device
+        global_rows = b * tl.load(meta + _M_RG) + tl.load(meta + _M_ROW0) + (row_index - b * R)
+        noise_start = global_rows.to(tl.int64) * C
+        if QUANT:
+            row_block = _global_row_block(meta, b, row_index - b * R, BR)
+            range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
+            r = tl.load(ws_ptr + tl.load(meta + _M_ROWTMP) + row_index, mask=row_mask, other=1.0)
+            noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), _STREAM_ROW), global_rows.to(tl.int32))
+            lo = tl.load(range_ptr + 2 * row_block, mask=row_mask, other=0.0)
+            hi = tl.load(range_ptr + 2 * row_block + 1, mask=row_mask, other=0.0)
+            q = _log2_encode(tl.log2(tl.maximum(r, _TINY)), lo, hi, noise)
+            tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8)) + row_index, q, mask=row_mask)
     if HAS_M:
         if QUANT:
             mq_addr = tl.load(meta + _M_M)
@@ -409,7 +542,10 @@ def _factored_apply_kernel(
                 m = tl.where(t > 1.0, m, 0.0)
                 m = beta1 * m + (1.0 - beta1) * u
                 absmax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1)
-                noise = tl.rand(seed, offs.to(tl.int32))
+                if SHARDED:
+                    noise = tl.rand(seed, (noise_start[:, None] + cols[None, :]).to(tl.int32))
+                else:
+                    noise = tl.rand(seed, offs.to(tl.int32))
                 tl.store(mq_ptr + offs, _signed_encode(m, absmax[:, None], noise), mask=mask)
                 tl.store(ms_ptr + block, absmax, mask=row_mask)
             else:
@@ -447,9 +583,13 @@ def _full_rms_kernel(
     eps1, beta2, decay_rate,
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, SCALE_PARAM: tl.constexpr,
     NB: tl.constexpr, QB: tl.constexpr,
+    SHARDED: tl.constexpr = False,  # also writes this rank's log2 range of each code block (8-bit)
 ):
     k, j, meta = _work_item(items_ptr, meta_ptr)
-    N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
+    if SHARDED:
+        blocks, global_offs, offs, mask, block_mask = _flat_blocks_sharded(meta, j, NB, QB)
+    else:
+        N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
     t = tl.load(tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))) + 1.0
     g = tl.load(tl.load(meta + _M_G).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
     v = _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2, decay_rate,
@@ -462,6 +602,12 @@ def _full_rms_kernel(
         tl.store(ws_ptr + 3 * item, tl.sum(tl.sum(p * p, axis=1), axis=0))
     else:
         tl.store(ws_ptr + 3 * item, 0.0)
+    if SHARDED:
+        if QUANT:
+            logv = tl.log2(tl.maximum(v, _TINY))
+            slots = ws_ptr + tl.load(meta + _M_MAXB) + 2 * blocks
+            tl.store(slots, -tl.min(tl.where(mask, logv, float("inf")), axis=1), mask=block_mask)
+            tl.store(slots + 1, tl.max(tl.where(mask, logv, -float("inf")), axis=1), mask=block_mask)
 
 
 @triton.jit
@@ -470,9 +616,15 @@ def _full_apply_kernel(
     scal_off, eps1, beta2, decay_rate, beta1,
     QUANT: tl.constexpr, FIXED_BETA2: tl.constexpr, HAS_M: tl.constexpr,
     NB: tl.constexpr, QB: tl.constexpr,
+    # v's codes from ranges reduced across the ranks; an 8-bit first moment is left (fp32) in the
+    # workspace with this rank's absmax per block, for _full_m_encode_kernel after their reduction
+    SHARDED: tl.constexpr = False,
 ):
     k, j, meta = _work_item(items_ptr, meta_ptr)
-    N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
+    if SHARDED:
+        blocks, global_offs, offs, mask, block_mask = _flat_blocks_sharded(meta, j, NB, QB)
+    else:
+        N, blocks, offs, mask, block_mask = _flat_blocks(meta, j, NB, QB)
     scal = ws_ptr + scal_off + 4 * k
     alpha = tl.load(scal)
     inv_clip = tl.load(scal + 1)
@@ -487,8 +639,14 @@ def _full_apply_kernel(
     u = g * tl.rsqrt(v) * inv_clip
     if QUANT:
         logv = tl.log2(tl.maximum(v, _TINY))
-        lo, hi = _log2_range(logv, mask, 1)
-        noise = tl.rand(_seed(t, salt, _STREAM_V), offs.to(tl.int32))
+        if SHARDED:
+            slots = ws_ptr + tl.load(meta + _M_MAXB) + 2 * blocks
+            hi = tl.load(slots + 1, mask=block_mask, other=0.0)
+            lo = tl.maximum(-tl.load(slots, mask=block_mask, other=0.0), hi - LOG2_SPAN)
+            noise = tl.rand(_seed(t, salt, _STREAM_V), global_offs.to(tl.int32))
+        else:
+            lo, hi = _log2_range(logv, mask, 1)
+            noise = tl.rand(_seed(t, salt, _STREAM_V), offs.to(tl.int32))
         q_ptr = tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8))
         tl.store(q_ptr + offs, _log2_encode(logv, lo[:, None], hi[:, None], noise), mask=mask)
         range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
@@ -505,9 +663,13 @@ def _full_apply_kernel(
             m = tl.where(t > 1.0, m, 0.0)
             m = beta1 * m + (1.0 - beta1) * u
             absmax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1)
-            noise = tl.rand(_seed(t, salt, _STREAM_M), offs.to(tl.int32))
-            tl.store(mq_ptr + offs, _signed_encode(m, absmax[:, None], noise), mask=mask)
-            tl.store(ms_ptr + blocks, absmax, mask=block_mask)
+            if SHARDED:
+                tl.store(ws_ptr + tl.load(meta + _M_MTMP) + offs, m, mask=mask)
+                tl.store(ws_ptr + tl.load(meta + _M_MAXC) + blocks, absmax, mask=block_mask)
+            else:
+                noise = tl.rand(_seed(t, salt, _STREAM_M), offs.to(tl.int32))
+                tl.store(mq_ptr + offs, _signed_encode(m, absmax[:, None], noise), mask=mask)
+                tl.store(ms_ptr + blocks, absmax, mask=block_mask)
         else:
             m_ptr = tl.load(meta + _M_M).to(tl.pointer_type(tl.float32))
             m = beta1 * tl.load(m_ptr + offs, mask=mask, other=0.0) + (1.0 - beta1) * u
@@ -515,6 +677,24 @@ def _full_apply_kernel(
         u = m
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
     tl.store(p_ptr + offs, p * decay - alpha * u, mask=mask)
+
+
+@triton.jit
+def _full_m_encode_kernel(
+    items_ptr, meta_ptr, ws_ptr, scal_off,
+    NB: tl.constexpr, QB: tl.constexpr,
+):
+    """Sharded full tensors with an 8-bit first moment: its codes, from the new values the apply
+    kernel left in the workspace and each block's absmax reduced across the ranks."""
+    k, j, meta = _work_item(items_ptr, meta_ptr)
+    blocks, global_offs, offs, mask, block_mask = _flat_blocks_sharded(meta, j, NB, QB)
+    t = tl.load(ws_ptr + scal_off + 4 * k + 3)
+    m = tl.load(ws_ptr + tl.load(meta + _M_MTMP) + offs, mask=mask, other=0.0)
+    absmax = tl.load(ws_ptr + tl.load(meta + _M_MAXC) + blocks, mask=block_mask, other=0.0)
+    noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), _STREAM_M), global_offs.to(tl.int32))
+    tl.store(tl.load(meta + _M_M).to(tl.pointer_type(tl.uint8)) + offs, _signed_encode(m, absmax[:, None], noise),
+             mask=mask)
+    tl.store(tl.load(meta + _M_MS).to(tl.pointer_type(tl.float32)) + blocks, absmax, mask=block_mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -525,37 +705,63 @@ def _finish_kernel(
     meta_ptr, ws_ptr, scal_off,
     lr, eps2, clip_threshold, weight_decay,
     RELATIVE_STEP: tl.constexpr, SCALE_PARAM: tl.constexpr, RB: tl.constexpr,
+    # 0: the whole tensor is here. Sharded plans run twice around an all-reduce: 1 writes this
+    # rank's sums of p^2 and u^2 to the exchange slots; 2 finishes from the reduced sums and also
+    # writes the row ranges of 8-bit factored tensors (reduced across the ranks).
+    PHASE: tl.constexpr = 0,
 ):
     """Per tensor: reduce the item partials of p^2 and u^2, derive alpha, 1/clip and the decay
     factor for the apply kernels, and advance the step counter (after every kernel that reads it)."""
     k = tl.program_id(0)
     meta = meta_ptr + k * NMETA
-    item0 = tl.load(meta + _M_ITEM0)
-    n_items = tl.load(meta + _M_NITEMS)
-    numel = (tl.load(meta + _M_R) * tl.load(meta + _M_C) * tl.load(meta + _M_B)).to(tl.float32)
-    p2 = tl.zeros([RB], dtype=tl.float32)
-    u2 = tl.zeros([RB], dtype=tl.float32)
-    for i0 in range(0, n_items, RB):
-        i = i0 + tl.arange(0, RB)
-        p2 += tl.load(ws_ptr + 3 * (item0 + i), mask=i < n_items, other=0.0)
-        u2 += tl.load(ws_ptr + 3 * (item0 + i) + 1, mask=i < n_items, other=0.0)
-    step_ptr = tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))
-    t = tl.load(step_ptr) + 1.0
-    if RELATIVE_STEP:
-        rho = tl.minimum(lr, tl.rsqrt(t))
+    if PHASE == 2:
+        sums = ws_ptr + tl.load(meta + _M_SUMB)
+        numel = (tl.load(meta + _M_RG) * tl.load(meta + _M_C) * tl.load(meta + _M_B)).to(tl.float32)
+        p2_total = tl.load(sums)
+        u2_total = tl.load(sums + 1)
+        n_range = tl.load(meta + _M_NRANGE)
+        slots = ws_ptr + tl.load(meta + _M_MAXB)
+        range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
+        for i0 in range(0, n_range, RB):
+            i = i0 + tl.arange(0, RB)
+            hi = tl.load(slots + 2 * i + 1, mask=i < n_range, other=0.0)
+            lo = tl.maximum(-tl.load(slots + 2 * i, mask=i < n_range, other=0.0), hi - LOG2_SPAN)
+            tl.store(range_ptr + 2 * i, lo, mask=i < n_range)
+            tl.store(range_ptr + 2 * i + 1, hi, mask=i < n_range)
     else:
-        rho = lr + 0.0 * t
-    if SCALE_PARAM:
-        alpha = rho * tl.maximum(eps2, tl.sqrt(tl.sum(p2, axis=0) / numel))
+        item0 = tl.load(meta + _M_ITEM0)
+        n_items = tl.load(meta + _M_NITEMS)
+        numel = (tl.load(meta + _M_R) * tl.load(meta + _M_C) * tl.load(meta + _M_B)).to(tl.float32)
+        p2 = tl.zeros([RB], dtype=tl.float32)
+        u2 = tl.zeros([RB], dtype=tl.float32)
+        for i0 in range(0, n_items, RB):
+            i = i0 + tl.arange(0, RB)
+            p2 += tl.load(ws_ptr + 3 * (item0 + i), mask=i < n_items, other=0.0)
+            u2 += tl.load(ws_ptr + 3 * (item0 + i) + 1, mask=i < n_items, other=0.0)
+        p2_total = tl.sum(p2, axis=0)
+        u2_total = tl.sum(u2, axis=0)
+    if PHASE == 1:
+        sums = ws_ptr + tl.load(meta + _M_SUMB)
+        tl.store(sums, p2_total)
+        tl.store(sums + 1, u2_total)
     else:
-        alpha = rho
-    rms_u = tl.sqrt(tl.sum(u2, axis=0) / numel)
-    scal = ws_ptr + scal_off + 4 * k
-    tl.store(scal, alpha)
-    tl.store(scal + 1, 1.0 / tl.maximum(1.0, rms_u / clip_threshold))
-    tl.store(scal + 2, 1.0 - rho * weight_decay)
-    tl.store(scal + 3, t)
-    tl.store(step_ptr, t)
+        step_ptr = tl.load(meta + _M_STEP).to(tl.pointer_type(tl.float32))
+        t = tl.load(step_ptr) + 1.0
+        if RELATIVE_STEP:
+            rho = tl.minimum(lr, tl.rsqrt(t))
+        else:
+            rho = lr + 0.0 * t
+        if SCALE_PARAM:
+            alpha = rho * tl.maximum(eps2, tl.sqrt(p2_total / numel))
+        else:
+            alpha = rho
+        rms_u = tl.sqrt(u2_total / numel)
+        scal = ws_ptr + scal_off + 4 * k
+        tl.store(scal, alpha)
+        tl.store(scal + 1, 1.0 / tl.maximum(1.0, rms_u / clip_threshold))
+        tl.store(scal + 2, 1.0 - rho * weight_decay)
+        tl.store(scal + 3, t)
+        tl.store(step_ptr, t)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -572,8 +778,10 @@ def _decode_log2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
 
 def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor]:
     """The fp32 values an 8-bit state stands for, decoded as the kernels decode them, under the
-    names the fp32 state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests."""
+    names the fp32 state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests. The
+    state of a sharded parameter is gathered first (a collective: call it on every rank)."""
     out: dict[str, torch.Tensor] = {}
+    state = {key: value.full_tensor() if is_dtensor(value) else value for key, value in state.items()}
     if "row_q" in state:
         R, C = param.shape[-2], param.shape[-1]
         B = param.numel() // (R * C)
@@ -602,6 +810,28 @@ def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor
 
 
 
+@dataclass(frozen=True)
+class ShardInfo:
+    """Where a tensor's local rows sit in the whole tensor (plans of sharded tensors only)."""
+
+    row0: int         # global index of the first local row of each matrix (factored) / element (full)
+    global_rows: int  # rows of each matrix (factored) / elements (full) of the whole tensor
+    group: Any = None  # torch.distributed process group holding the other rows; None: every row is here
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """The workspace slices one process group reduces, per phase of a sharded step: sums after
+    the column partials (A) and after the u^2 partials (B), maxima with B (the log2 ranges of code
+    blocks that ranks share, -lo and hi) and after the apply (C, absmax of full tensors' m)."""
+
+    group: Any
+    sum_a: tuple[int, int]
+    sum_b: tuple[int, int]
+    max_b: tuple[int, int]
+    max_c: tuple[int, int]
+
+
 @dataclass
 class Bucket:
     factored: bool
@@ -625,19 +855,47 @@ class Plan:
     ws_floats: int
     scal_off: int
     config: LaunchConfig
+    # Sharded plans only (None for a single-device plan): the reductions across ranks, the
+    # workspace range reset to -inf before each step (max slots that other ranks' rows fill), and
+    # whether full tensors' 8-bit first moments wait for an absmax reduction (phase C).
+    exchanges: list[Exchange] | None = None
+    max_slots: tuple[int, int] = (0, 0)
+    m_after_exchange: bool = False
+    # The state tensors whose addresses the tables hold, kept alive with them: a state tensor
+    # replaced by anything but load_state_dict (which drops the plans) leaves no dangling address.
+    state_refs: tuple = ()
+
+
+_EXCHANGED = ("sum_a", "sum_b", "max_b", "max_c")
+
+
+def _exchange_sizes(p: torch.Tensor, factored: bool, quant: bool, has_m: bool, shard: ShardInfo,
+                    flat_chunk: int) -> dict[str, int]:
+    """Floats each exchanged slot of a tensor holds (the same on every rank: global sizes only)."""
+    if factored:
+        C = p.shape[-1]
+        B = p.numel() // (p.shape[-2] * C) if p.numel() else math.prod(p.shape[:-2])
+        n_range = B * _cdiv(shard.global_rows, ROW_BLOCK) if quant else 0
+        return {"sum_a": B * C + B, "sum_b": 2, "max_b": 2 * n_range, "max_c": 0, "n_range": n_range}
+    blocks = _cdiv(shard.global_rows, FLAT_BLOCK)
+    return {"sum_a": 0, "sum_b": 2, "max_b": 2 * blocks if quant else 0,
+            "max_c": blocks if quant and has_m else 0, "n_range": 0}
 
 
 def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key: tuple, has_m: bool,
-               device: torch.device, config: LaunchConfig = DEFAULT_LAUNCH) -> Plan:
+               device: torch.device, config: LaunchConfig = DEFAULT_LAUNCH,
+               shards: list[ShardInfo] | None = None) -> Plan:
     """The launch tables of one group. ``entries``: (param, grad, salt, state) with the state
-    already initialised; tensors are bucketed by kind of work (factored / full x 8-bit / fp32),
-    one launch per bucket, longest rows first for load balance."""
+    already initialised, every tensor the one a kernel reads (local shards of sharded tensors);
+    tensors are bucketed by kind of work (factored / full x 8-bit / fp32), one launch per bucket,
+    longest rows first for load balance. ``shards`` (one per entry) makes a sharded plan: items
+    over the local rows, exchange slots in the same order on every rank."""
     flat_chunk = FLAT_BLOCK * config.full.blocks_per_program
     kinds: dict[tuple[bool, bool], list] = {}
-    for e in entries:
+    for i, e in enumerate(entries):
         p, state = e[0], e[3]
         quant = "step" in state and ("row_q" in state or "v_q" in state)
-        kinds.setdefault((p.ndim >= 2, quant), []).append(e)
+        kinds.setdefault((p.ndim >= 2, quant), []).append((*e, shards[i] if shards is not None else None))
     meta_rows: list[list[int]] = []
     items: list[int] = []
     col_items: list[int] = []
@@ -647,26 +905,61 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
         if factored:
             group_entries = sorted(group_entries, key=lambda e: -e[0].shape[-1])
         ordered.append((factored, quant, group_entries))
-    n_items_total = 0
-    for factored, _, group_entries in ordered:
-        n_items_total += sum(
-            (e[0].numel() // (e[0].shape[-2] * e[0].shape[-1])) * _cdiv(e[0].shape[-2], ROW_BLOCK)
-            if factored else _cdiv(e[0].numel(), flat_chunk) for e in group_entries)
+
+    def n_work_items(p: torch.Tensor, factored: bool, shard: ShardInfo | None) -> int:
+        if factored:
+            return p.numel() // (p.shape[-2] * p.shape[-1]) * _cdiv(p.shape[-2], ROW_BLOCK) if p.numel() else 0
+        # a sharded full tensor's items cover the whole tensor: see _flat_blocks_sharded
+        return _cdiv(shard.global_rows if shard is not None else p.numel(), flat_chunk)
+
+    n_items_total = sum(n_work_items(e[0], factored, e[4]) for factored, _, group_entries in ordered
+                        for e in group_entries)
     n_tensors = sum(len(e) for _, _, e in ordered)
     scal_off = 3 * n_items_total
     cursor = scal_off + 4 * n_tensors  # rmean, rowtmp, coltmp, colpart follow the scalars
     offsets: list[dict[str, int]] = []
     for factored, _, group_entries in ordered:
-        for p, _, _, _ in group_entries:
+        for p, *_ in group_entries:
             off = {}
             if factored:
                 R, C = p.shape[-2], p.shape[-1]
-                B = p.numel() // (R * C)
+                B = p.numel() // (R * C) if p.numel() else math.prod(p.shape[:-2])
                 for name, n in (("rmean", B), ("rowtmp", B * R), ("coltmp", B * C),
                                 ("colpart", B * _cdiv(R, ROW_BLOCK) * C)):
                     off[name] = cursor
                     cursor += n
             offsets.append(off)
+
+    exchanges: list[Exchange] | None = None
+    max_slots = (0, 0)
+    m_after_exchange = False
+    if shards is not None:
+        # Exchange slots: phase by phase, process group by group, tensor by tensor, so that each
+        # (phase, group) is one contiguous slice laid out alike on every rank of the group.
+        flat = [(factored, quant, e) for factored, quant, group_entries in ordered for e in group_entries]
+        sizes = [_exchange_sizes(e[0], factored, quant, has_m, e[4], flat_chunk) for factored, quant, e in flat]
+        groups: list[Any] = []
+        for _, _, e in flat:
+            if not any(e[4].group is g for g in groups):
+                groups.append(e[4].group)
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for region in _EXCHANGED:
+            spans[region] = []
+            for g in groups:
+                start = cursor
+                for k, (_, _, e) in enumerate(flat):
+                    if e[4].group is g and sizes[k][region]:
+                        offsets[k][region] = cursor
+                        cursor += sizes[k][region]
+                spans[region].append((start, cursor))
+        max_slots = (spans["max_b"][0][0], spans["max_c"][-1][1])
+        for k, (_, _, e) in enumerate(flat):
+            offsets[k]["n_range"] = sizes[k]["n_range"]
+            if sizes[k]["max_c"]:
+                offsets[k]["mtmp"] = cursor
+                cursor += e[0].numel()
+                m_after_exchange = True
+        exchanges = [Exchange(g, *(spans[r][i] for r in _EXCHANGED)) for i, g in enumerate(groups) if g is not None]
     ws_floats = cursor
 
     k = 0
@@ -674,12 +967,12 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
     for factored, quant, group_entries in ordered:
         first_item, first_col_item = item_cursor, len(col_items) // 2
         aligned = factored
-        for p, g, salt, state in group_entries:
+        for p, g, salt, state, shard in group_entries:
             off = offsets[k]
+            n_items = n_work_items(p, factored, shard)
             if factored:
                 R, C = p.shape[-2], p.shape[-1]
-                B = p.numel() // (R * C)
-                n_items = B * _cdiv(R, ROW_BLOCK)
+                B = p.numel() // (R * C) if p.numel() else math.prod(p.shape[:-2])
                 for j in range(B * _cdiv(C, COL_BLOCK)):
                     col_items += [k, j]
                 v_key, vr_key = ("row_q", "row_range") if quant else ("row", None)
@@ -687,7 +980,6 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
                 aligned = aligned and C % 16 == 0
             else:
                 R, C, B = p.numel(), 1, 1
-                n_items = _cdiv(p.numel(), flat_chunk)
                 v_key, vr_key = ("v_q", "v_range") if quant else ("v", None)
                 c_key = cr_key = None
             m_key, ms_key = (("m_q", "m_scale") if quant else ("m", None)) if has_m else (None, None)
@@ -698,6 +990,9 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
             row = [g.data_ptr(), p.data_ptr(), addr("step"), addr(v_key), addr(vr_key), addr(c_key),
                    addr(cr_key), addr(m_key), addr(ms_key), R, C, B, item_cursor, n_items,
                    off.get("colpart", 0), off.get("rowtmp", 0), off.get("coltmp", 0), off.get("rmean", 0), salt]
+            row += ([shard.row0, shard.global_rows] + [off.get(name, 0) for name in
+                                                       ("sum_a", "sum_b", "max_b", "max_c", "mtmp", "n_range")]
+                    if shard is not None else [0] * 8)
             if factored:
                 aligned = aligned and all(a % 16 == 0 for a in row[:2] + [row[7]] if a)
             meta_rows.append(row)
@@ -713,12 +1008,16 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
         items=upload_int64(items, device).to(torch.int32).view(-1, 2),
         col_items=upload_int64(col_items, device).to(torch.int32).view(-1, 2) if col_items else None,
         buckets=buckets, n_tensors=n_tensors, n_items=item_cursor, ws_floats=ws_floats, scal_off=scal_off,
-        config=config,
+        config=config, exchanges=exchanges, max_slots=max_slots, m_after_exchange=m_after_exchange,
+        state_refs=tuple(t for e in entries for t in e[3].values()),
     )
 
 
 def launch_step(plan: Plan, group: dict) -> None:
     """One Adafactor step of a group: K1-K3 / N1 per bucket, K4 once, then K5 / N3 per bucket."""
+    if plan.exchanges is not None:
+        _launch_sharded_step(plan, group)
+        return
     fac, full, fin = plan.config.factored, plan.config.full, plan.config.finish
     ws = torch.empty(plan.ws_floats, dtype=torch.float32, device=plan.meta.device)
     eps1, eps2 = (float(e) for e in group["eps"])
@@ -760,3 +1059,93 @@ def launch_step(plan: Plan, group: dict) -> None:
             _full_apply_kernel[(n,)](
                 items, plan.meta, ws, plan.scal_off, eps1, beta2, decay_rate, beta1, QUANT=b.quant,
                 FIXED_BETA2=fixed, HAS_M=has_m, NB=full.blocks_per_program, QB=FLAT_BLOCK, num_warps=full.num_warps)
+
+
+def _exchange(plan: Plan, ws: torch.Tensor, region: str, op: Any) -> None:
+    """One all-reduce per process group of the phase's slice (no host synchronisation: NCCL
+    orders it on the stream)."""
+    import torch.distributed as dist
+
+    for ex in plan.exchanges:
+        start, stop = getattr(ex, region)
+        if stop > start:
+            dist.all_reduce(ws[start:stop], op=op, group=ex.group)
+
+
+def _launch_sharded_step(plan: Plan, group: dict) -> None:
+    """The step of a group holding local rows of sharded tensors (each rank runs it on its rows):
+    K1 and K2's column partials, exchange A (column and row-statistic sums), K2's column
+    statistics and K3 / N1, K4's sums, exchange B (p^2 and u^2 sums, shared ranges), K4's
+    scalars, K5 / N3, and for full tensors' 8-bit first moments exchange C (absmax) and N4."""
+    from torch.distributed import ReduceOp
+
+    fac, full, fin = plan.config.factored, plan.config.full, plan.config.finish
+    ws = torch.empty(plan.ws_floats, dtype=torch.float32, device=plan.meta.device)
+    if plan.max_slots[1] > plan.max_slots[0]:
+        ws[plan.max_slots[0]:plan.max_slots[1]].fill_(-math.inf)
+    eps1, eps2 = (float(e) for e in group["eps"])
+    fixed = group["beta2"] is not None
+    beta2 = float(group["beta2"]) if fixed else 0.0
+    decay_rate = float(group["decay_rate"])
+    scale_param = bool(group["scale_parameter"])
+    has_m = group["beta1"] is not None
+    beta1 = float(group["beta1"]) if has_m else 0.0
+    finish_args = (float(group["lr"]), eps2, float(group["clip_threshold"]), float(group["weight_decay"]))
+
+    def cols(b: Bucket, phase: int) -> None:
+        _factored_cols_kernel[(b.col_items[1] - b.col_items[0],)](
+            plan.col_items[b.col_items[0]:b.col_items[1]], plan.meta, ws, eps1, beta2, decay_rate, QUANT=b.quant,
+            FIXED_BETA2=fixed, BR=ROW_BLOCK, BCC=COL_BLOCK, PR=fac.part_rows, RB=fac.reduce_block, PHASE=phase,
+            num_warps=fac.cols_num_warps)
+
+    def finish(phase: int) -> None:
+        _finish_kernel[(plan.n_tensors,)](
+            plan.meta, ws, plan.scal_off, *finish_args, RELATIVE_STEP=bool(group["relative_step"]),
+            SCALE_PARAM=scale_param, RB=fin.reduce_block, PHASE=phase, num_warps=fin.num_warps)
+
+    for b in plan.buckets:
+        n = b.items[1] - b.items[0]
+        if b.factored:
+            if n:  # a rank may hold no row of any tensor of the bucket
+                _factored_stats_kernel[(n,)](
+                    plan.items[b.items[0]:b.items[1]], plan.meta, ws, eps1, beta2, decay_rate, QUANT=b.quant,
+                    FIXED_BETA2=fixed, SCALE_PARAM=scale_param, ALIGNED=b.aligned, BR=ROW_BLOCK, BC=COL_BLOCK,
+                    SHARDED=True, num_warps=fac.num_warps)
+            cols(b, 1)
+    _exchange(plan, ws, "sum_a", ReduceOp.SUM)
+    for b in plan.buckets:
+        items = plan.items[b.items[0]:b.items[1]]
+        n = b.items[1] - b.items[0]
+        if b.factored:
+            cols(b, 2)
+            if n:
+                _factored_rms_kernel[(n,)](items, plan.meta, ws, ALIGNED=b.aligned, BR=ROW_BLOCK,
+                                           BC=COL_BLOCK, num_warps=fac.num_warps)
+        else:
+            _full_rms_kernel[(n,)](
+                items, plan.meta, ws, eps1, beta2, decay_rate, QUANT=b.quant, FIXED_BETA2=fixed,
+                SCALE_PARAM=scale_param, NB=full.blocks_per_program, QB=FLAT_BLOCK, SHARDED=True,
+                num_warps=full.num_warps)
+    finish(1)
+    _exchange(plan, ws, "sum_b", ReduceOp.SUM)
+    _exchange(plan, ws, "max_b", ReduceOp.MAX)
+    finish(2)
+    for b in plan.buckets:
+        items = plan.items[b.items[0]:b.items[1]]
+        n = b.items[1] - b.items[0]
+        if b.factored and n:
+            _factored_apply_kernel[(n,)](
+                items, plan.meta, ws, plan.scal_off, beta1, QUANT=b.quant, HAS_M=has_m,
+                ALIGNED=b.aligned, BR=ROW_BLOCK, BC=COL_BLOCK, SHARDED=True, num_warps=fac.num_warps)
+        elif not b.factored:
+            _full_apply_kernel[(n,)](
+                items, plan.meta, ws, plan.scal_off, eps1, beta2, decay_rate, beta1, QUANT=b.quant,
+                FIXED_BETA2=fixed, HAS_M=has_m, NB=full.blocks_per_program, QB=FLAT_BLOCK, SHARDED=True,
+                num_warps=full.num_warps)
+    if plan.m_after_exchange:
+        _exchange(plan, ws, "max_c", ReduceOp.MAX)
+        for b in plan.buckets:
+            if not b.factored and b.quant and has_m:
+                _full_m_encode_kernel[(b.items[1] - b.items[0],)](
+                    plan.items[b.items[0]:b.items[1]], plan.meta, ws, plan.scal_off, NB=full.blocks_per_program,
+                    QB=FLAT_BLOCK, num_warps=full.num_warps)
