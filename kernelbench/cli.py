@@ -408,7 +408,11 @@ def train_cmd(
     nproc: NprocOpt = None,
 ) -> None:
     """Train a small Llama-style model with every candidate of OP (same weights, same batches) and
-    judge each final loss against the band of the reference's seed-to-seed spread; exit 1 when one fails."""
+    judge each final loss against the band of the reference's seed-to-seed spread; exit 1 when one fails.
+
+    With --fsdp the candidates train with the model sharded by FSDP2's fully_shard over --nproc
+    ranks, each rank an equal share of every batch (--batch a multiple of --nproc); the reference
+    makes the band on one device, since sharding changes no step's math."""
     out = Output(fmt)
     with usage_errors(out):
         request = TrainRequest(op, device=device, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,

@@ -92,7 +92,8 @@ def test_muon_owners_spread_the_work():
     shapes = [(64, 64)] * 4 + [(256, 64), (8, 8)]
     owner = owners(shapes, 2)
     assert owner[4] == 0  # the largest goes first, to rank 0
-    assert sorted(owner[:4]) == [0, 1, 1, 1]  # rank 1 catches up with four of the 64 x 64
+    # Newton-Schulz of a 256 x 64 costs four 64 x 64's: rank 1 takes all four to catch up.
+    assert owner[:4] == [1, 1, 1, 1]
     assert owners(shapes, 2) == owner  # deterministic: every rank computes the same
 
 

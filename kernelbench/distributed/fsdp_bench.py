@@ -209,6 +209,19 @@ def _summarise_parity(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "nan_mismatch": sum(r.get("nan_mismatch", 0) for r in rows)}
 
 
+def parity_all_rank(rank: int, world: int, names: tuple[str, ...], config: LlamaConfig,
+                    steps: int) -> dict[str, Any]:
+    """Every candidate's sharded-against-unsharded rows (or its error, raised alike on every rank)."""
+    results: dict[str, Any] = {}
+    for name in names:
+        try:
+            results[name] = fsdp_parity_rank(rank, world, FsdpParityRequest(_bound(name, config), config, steps=steps))
+        except Exception as error:
+            results[name] = f"{type(error).__name__}: {error}"[-2000:]
+        torch.cuda.empty_cache()
+    return results
+
+
 @dataclass
 class Report:
     nproc: int
@@ -244,18 +257,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if "parity" not in skip:
         config = MODELS[args.parity_model]
-        for name in names:
-            if name == "torch-adamw-fused":
-                continue  # the anchor: torch's own optimizer
-            t0 = time.time()
-            try:
-                rows = run_ranks(fsdp_parity_rank, args.nproc, backend=backend, timeout_s=600,
-                                 args=(FsdpParityRequest(_bound(name, config), config, steps=args.parity_steps),))[0]
-                report.parity.append({**_summarise_parity(name, rows), "seconds": time.time() - t0})
-            except Exception as error:
-                report.parity.append({"candidate": name, "error": str(error)[-2000:]})
-            print(json.dumps(report.parity[-1]), flush=True)
-            save()
+        checked = [n for n in names if n != "torch-adamw-fused"]  # the anchor is torch's own optimizer
+        t0 = time.time()
+        results = run_ranks(parity_all_rank, args.nproc, backend=backend, timeout_s=900,
+                            args=(tuple(checked), config, args.parity_steps))[0]
+        for name, rows in results.items():
+            summary = ({"candidate": name, "error": rows} if isinstance(rows, str)
+                       else _summarise_parity(name, rows))
+            report.parity.append(summary)
+            print(json.dumps(summary), flush=True)
+        report.parity.append({"seconds": time.time() - t0})
+        save()
     if "speed" not in skip:
         request = StepBenchRequest(MODELS[args.model], tuple(names), rounds=args.rounds, steps=args.steps)
         report.speed = run_ranks(step_bench_rank, args.nproc, backend=backend, timeout_s=600, args=(request,))[0]
