@@ -263,7 +263,9 @@ class _GraphedCall:
             _run(self.input, steps, path, eps)
         caller.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # On the side stream: torch.cuda.graph's default capture stream belongs to the device of its
+        # first use, and capturing on another GPU's stream would switch the launches to that GPU.
+        with torch.cuda.graph(self.graph, stream=side):
             self.output, self.norm = _run(self.input, steps, path, eps)
 
     def __call__(self, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

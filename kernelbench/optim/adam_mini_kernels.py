@@ -776,8 +776,9 @@ class ShardedPlan:
     def partial(self, group: dict, dtype: torch.dtype) -> None:
         self._scalars(group, dtype)
         if self.n_pieces:
+            # No contraction, as in apply: m must round the same in both, or the scales would not match.
             _adam_mini_partial_kernel[(self.n_pieces,)](self.table, self.lerp_weight, **self.constexprs,
-                                                        num_warps=8)
+                                                        num_warps=8, enable_fp_fusion=False)
 
     def apply(self, group: dict, dtype: torch.dtype) -> None:
         self._scalars(group, dtype)
