@@ -82,9 +82,10 @@ def command(module: str, nproc: int, args: Sequence[str], output: Path) -> list[
 
 
 def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeout_s: float = 900.0,
-           cpu: bool = False, name: str = "the ranks") -> dict[str, Any]:
+           cpu: bool = False, name: str = "the ranks", one_gpu: bool = False) -> dict[str, Any]:
     """Runs ``module`` on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
+    ``one_gpu``: the ranks see only the first visible GPU.
     Raises RuntimeError when the run fails or passes ``timeout_s`` (the whole process tree is
     killed; the message starts with ``name`` and ends with the tail of the ranks' output). A run
     whose ranks fail only after rank 0 wrote its result keeps the result, with a
@@ -97,6 +98,8 @@ def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeou
     env = {**os.environ, **MULTICAST_OFF}
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the ranks see no GPU, so they take Gloo and the CPU
+    elif one_gpu:  # code that reads the GPU count as its world size (official adam-mini) sees one
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     if cpu or not _cuda_available():
         env.setdefault("TRITON_INTERPRET", "1")
     # The worker is started with -m: make this checkout importable whether or not it is installed.

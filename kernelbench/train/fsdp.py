@@ -104,9 +104,11 @@ def parity_rows(op_name: str, *, device: str, nproc: int, folder: Path, candidat
     return rows
 
 
-def train_logs(op_label: str, runs: Sequence[tuple[str, int]], settings, folder: Path) -> dict[tuple[str, int], Any]:
+def train_logs(op_label: str, runs: Sequence[tuple[str, int]], settings, folder: Path, *,
+               unsharded: bool = False) -> dict[tuple[str, int], Any]:
     """The runs ``(candidate, order seed)`` of ``kernelbench train`` with the model under FSDP2 on
-    ``settings.fsdp_nproc`` ranks, in one launch: a RunLog, or the error text, by run."""
+    ``settings.fsdp_nproc`` ranks, in one launch: a RunLog, or the error text, by run. ``unsharded``:
+    the model whole, on one rank that sees one GPU."""
     import dataclasses
     import json
 
@@ -114,16 +116,17 @@ def train_logs(op_label: str, runs: Sequence[tuple[str, int]], settings, folder:
 
     from .loop import RunLog
 
-    nproc = settings.fsdp_nproc
+    nproc = 1 if unsharded else settings.fsdp_nproc
     check_nproc(nproc, settings.device)
     if settings.batch % nproc:
         raise UsageError(f"--batch {settings.batch} does not split over --nproc {nproc} ranks; pass a multiple")
     args = ["train", "--op", op_label, "--model", settings.model,
             "--candidates", ",".join(dict.fromkeys(name for name, _ in runs)),
             "--settings", json.dumps(dataclasses.asdict(settings)),
-            "--runs", ",".join(f"{name}:{seed}" for name, seed in runs)]
-    result = launch(WORKER, nproc, args, folder / f"fsdp-train-{op_label}.json", cpu=settings.device == "cpu",
-                    timeout_s=3600.0, name=f"train {op_label} under --fsdp")
+            "--runs", ",".join(f"{name}:{seed}" for name, seed in runs)] + (["--unsharded"] if unsharded else [])
+    suffix = "unsharded" if unsharded else f"fsdp-{nproc}"
+    result = launch(WORKER, nproc, args, folder / f"train-{op_label}-{suffix}.json", cpu=settings.device == "cpu",
+                    timeout_s=3600.0, name=f"train {op_label} under --fsdp", one_gpu=unsharded)
     logs: dict[tuple[str, int], Any] = {}
     for item in result["results"]:
         key = (item["candidate"], item["order_seed"])

@@ -56,6 +56,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--settings", default="{}", help="train: TrainSettings as JSON")
     parser.add_argument("--runs", default="", help="train: candidate:order_seed,... to run")
+    parser.add_argument("--unsharded", action="store_true", help="train: the model whole on one rank")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--output", required=True)
     return parser.parse_args(argv)
@@ -108,7 +109,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
         name, order_seed = item.rsplit(":", 1)
         try:
             log = train_run(built[name], config, init, stream, steps=settings.steps, batch=settings.batch,
-                            device=device.type, clip=settings.clip, order_seed=int(order_seed), shard_over=world)
+                            device=device.type, clip=settings.clip, order_seed=int(order_seed),
+                            shard_over=None if args.unsharded else world)
         except Exception as exc:
             logs.append({"candidate": name, "order_seed": int(order_seed), "error": f"{type(exc).__name__}: {exc}"})
             continue

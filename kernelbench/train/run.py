@@ -169,15 +169,19 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     sharded_logs = None
     mode = f"{MODE}, fsdp {settings.fsdp_nproc} ranks" if settings.fsdp_nproc else MODE
     if settings.fsdp_nproc:
-        # The candidates' runs in one launch of ranks. The reference makes the band on one device:
-        # sharding changes no step's math, and a reference (a plain-PyTorch one) need not take DTensors.
+        # The candidates' runs in one launch of ranks. The reference makes the band on one device, in a
+        # launch of one rank that sees one GPU: sharding changes no step's math, a plain-PyTorch
+        # reference need not take DTensors, and official adam-mini takes the GPU count for its world.
         runs = [(c.name, c.order_seed) for c in candidates[1:] if not c.requires.unmet(device)]
         progress(f"train {op_label} under FSDP2 on {settings.fsdp_nproc} ranks: {len(runs)} runs, "
-                 f"{settings.steps} steps each")
+                 f"{settings.steps} steps each; the reference on one device")
         sharded_logs = fsdp.train_logs(op_label, runs, settings, folder) if runs else {}
+        if not reference.requires.unmet(device):
+            sharded_logs.update(fsdp.train_logs(op_label, [(reference.name, s) for s in range(settings.ref_seeds)],
+                                                settings, folder, unsharded=True))
 
     def run(cand: TrainCandidate, order_seed: int) -> RunLog:
-        if sharded_logs is not None and cand.role != ROLE_REFERENCE:
+        if sharded_logs is not None:
             log = sharded_logs[(cand.name, order_seed)]
             if isinstance(log, str):
                 raise RuntimeError(log)
