@@ -1,42 +1,127 @@
-"""Launching a Triton kernel without paying Triton's per-launch Python work every time.
+"""The fast path for launch-bound calls, in one place with one switch.
 
 ``kernel[grid](*args, **meta)`` binds the arguments, computes their specialization (16-byte
 alignment of pointers, ints equal to 1 or divisible by 16, i32 vs i64), builds a cache key and
-looks the compiled kernel up, on every call. For a kernel that moves tens of MB that host work is
-a large part of the step: on a slow host, enqueueing a single-tensor optimizer step through that
-path takes about as long as the GPU takes to run it, so the GPU waits.
+looks the compiled kernel up, on every call; ``Function.apply`` adds a Python wrapper to every
+autograd call. Where a call moves little data that host work decides the speed.
 
-``CachedLauncher`` launches one kernel with a fixed grid and fixed compile-time arguments. The
-first launch for a given argument *shape* (dtype and alignment of each tensor, the size class of
-each int) goes through Triton as usual, which compiles if needed and returns the compiled kernel;
-later launches with the same argument shape call that compiled kernel's launch function
-directly (``CompiledKernel.run`` with the grid, the current stream and the loaded function: what
-``CompiledKernel[grid](*args)``, the path Triton's own ``run`` ends in, does without its per-call
-lookups; with a profiler's launch hooks set, through ``CompiledKernel[grid]``). The key is more
-conservative than Triton's specialization (every property Triton specializes on is in it), so a
-cached kernel is only reused where Triton would have picked the same one.
+- ``CachedLauncher`` launches one kernel with a fixed grid and fixed compile-time arguments. The
+  first launch for a given argument *shape* (dtype and alignment of each tensor, the size class of
+  each int) goes through Triton as usual; later launches with the same argument shape call that
+  compiled kernel's launcher directly (what ``CompiledKernel[grid](*args)`` does without its
+  per-call lookups; with a profiler's launch hooks set, through ``CompiledKernel[grid]``). The key
+  holds every property Triton specializes on, so a cached kernel is only reused where Triton
+  would have picked the same one. In the Triton interpreter every launch takes the ordinary path.
+- ``CachedLauncher.direct`` returns a ``DirectLaunch`` bound to one specialization, called with
+  every pointer as an int (``tensor.data_ptr()``): nothing is keyed per call, and where the
+  compiled launcher only adds fixed arguments before its C function, that function is called
+  directly. The caller guarantees that the arguments specialize as the first ones did.
+- ``fast_apply(Function)``: ``Function.apply`` without its Python wrapper where it adds nothing.
+- ``current_device()`` and the launches' stream without ``torch.cuda``'s Python.
 
-In the Triton interpreter, or when a Triton version returns no compiled kernel, every launch
-takes the ordinary path.
-
-``CachedLauncher.direct`` goes one step further for launch-bound callers that know their
-arguments: it returns a ``DirectLaunch`` bound to one specialization, called with every pointer as
-an int (``tensor.data_ptr()``). Triton's launcher then neither calls ``data_ptr`` on each tensor
-nor asks the driver about each pointer, and nothing is keyed per call; the caller guarantees that
-the arguments specialize as the first ones did (same dtypes, 16-byte alignment, int classes).
-Where the compiled launcher only adds fixed arguments before its C function, a ``DirectLaunch``
-calls that function itself.
+The switch: ``KERNELBENCH_FAST_LAUNCH=0`` in the environment, or ``set_enabled(False)``, turns
+all of it off: launches go through ``kernel[grid](...)``, Functions through ``Function.apply``,
+callers with a fast path of their own (RMSNorm's) take their plain one. The fast path is also
+off, whatever the switch says, where torch or Triton is outside ``TORCH_VERSIONS`` /
+``TRITON_VERSIONS``: the private entry points it reads (torch's C ``Function.apply``,
+``_cuda_getDevice``, ``_cuda_getCurrentRawStream``; Triton's ``CompiledKernel`` launcher) were
+checked in those versions only. Either way results are the same: only host time differs.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+# Inclusive (major, minor) ranges whose private entry points the fast path was checked against.
+TORCH_VERSIONS = ((2, 11), (2, 13))
+TRITON_VERSIONS = ((3, 6), (3, 9))
+SWITCH_ENV = "KERNELBENCH_FAST_LAUNCH"
+
 _INT32 = (-(2**31), 2**31)
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def versions_supported(torch_version: str, triton_version: str | None) -> bool:
+    """Whether these torch and Triton versions are inside the ranges the fast path was checked in."""
+    for version, (low, high) in ((torch_version, TORCH_VERSIONS), (triton_version, TRITON_VERSIONS)):
+        parsed = _major_minor(version) if version else None
+        if parsed is None or not low <= parsed <= high:
+            return False
+    return True
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return getattr(triton, "__version__", None)
+
+
+_SUPPORTED = versions_supported(torch.__version__, _triton_version())
+_on = _SUPPORTED and os.environ.get(SWITCH_ENV, "1") != "0"
+
+
+def enabled() -> bool:
+    """Whether the fast path is on (the switch, and supported torch / Triton versions)."""
+    return _on
+
+
+def set_enabled(on: bool) -> bool:
+    """Turn the fast path on or off for the calls that follow (on only where the versions are
+    supported); returns whether it was on."""
+    global _on
+    was = _on
+    _on = bool(on) and _SUPPORTED
+    return was
+
+
+def _private(owner: Any, name: str) -> Any:
+    """A private entry point of torch, or None outside the checked versions or where it is missing."""
+    return getattr(owner, name, None) if _SUPPORTED else None
+
+
+# The current CUDA device's index without torch.cuda.current_device's Python.
+current_device: Callable[[], int] = _private(torch._C, "_cuda_getDevice") or torch.cuda.current_device
+# The current stream of a device as the int a compiled kernel's launcher takes.
+_raw_stream: Callable[[int], int] = (_private(torch._C, "_cuda_getCurrentRawStream")
+                                     or (lambda device: torch.cuda.current_stream(device).cuda_stream))
+
+
+def fast_apply(function: type[torch.autograd.Function]) -> Callable[..., Any]:
+    """``function.apply`` without ``autograd.Function.apply``'s Python wrapper where the wrapper
+    adds nothing: for a Function without ``setup_context``, outside functorch transforms, it only
+    unwraps dead functorch wrappers (done here as well) before the C ``apply``. With the fast path
+    off, or no such entry point, calls go to ``function.apply``."""
+    full_apply = function.apply
+    function_base = _private(torch._C, "_FunctionBase")
+    functorch = _private(torch._C, "_functorch")
+    transforms_active = _private(torch._C, "_are_functorch_transforms_active")
+    unwrap_if_dead = getattr(functorch, "unwrap_if_dead", None)
+    c_apply = function_base.__dict__.get("apply") if function_base is not None else None
+    if c_apply is None or unwrap_if_dead is None or transforms_active is None:
+        return full_apply
+    if function.setup_context is not torch.autograd.Function.setup_context:
+        return full_apply  # apply binds default arguments for setup_context
+    c_apply, tensor = c_apply.__get__(None, function), torch.Tensor
+
+    def apply(*args: Any) -> Any:
+        if not _on or transforms_active():  # vmap, grad, ...: autograd.Function.apply decides
+            return full_apply(*args)
+        return c_apply(*[unwrap_if_dead(a) if isinstance(a, tensor) else a for a in args])
+
+    return apply
 
 
 def _arg_key(arg: Any) -> Any:
@@ -81,10 +166,6 @@ def _no_launch_hooks() -> bool:
             and (leave is None or not getattr(leave, "calls", True)))
 
 
-def _raw_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)
-
-
 class PlanCache(dict):
     """Launch plans (launchers, grids, buffers) by key, at most ``limit`` of them: where shapes
     change every step (sequence lengths) the oldest plan is dropped instead of growing without end."""
@@ -102,9 +183,9 @@ class PlanCache(dict):
 
 class DirectLaunch:
     """One compiled specialization of a kernel on a fixed grid: ``launch(device, *args)`` with
-    the runtime arguments in order, pointers as ints. Returns False without launching while a
-    profiler's launch hooks are set (they need the tensors): the caller then launches through its
-    ``CachedLauncher``.
+    the runtime arguments in order, pointers as ints. Returns False without launching while the
+    fast path is off or a profiler's launch hooks are set (they need the tensors): the caller then
+    launches through its ``CachedLauncher``.
 
     The compiled kernel's launcher is a Python method that hands every call to a C function,
     adding the same fixed arguments each time (launch flags, no scratch buffers, the metadata).
@@ -130,7 +211,7 @@ class DirectLaunch:
         return self._c_launch is not None
 
     def __call__(self, device: int, *args: Any) -> bool:
-        if not _no_launch_hooks():
+        if not (_on and _no_launch_hooks()):
             return False
         g = self._grid
         if self._c_launch is not None:
@@ -204,7 +285,7 @@ class CachedLauncher:
 
     def __call__(self, *args: Any) -> None:
         # Under torch.compile, Triton's own launch path is the one dynamo knows how to capture.
-        if not self._cacheable or torch.compiler.is_compiling():
+        if not (self._cacheable and _on) or torch.compiler.is_compiling():
             self.kernel[self.grid](*args, **self.meta)
             return
         device = torch.cuda.current_device()
@@ -228,10 +309,10 @@ class CachedLauncher:
 
     def direct(self, *args: Any) -> DirectLaunch | None:
         """Launch ``args`` and return a ``DirectLaunch`` of the kernel compiled for them, or None
-        where there is none to call directly (the interpreter, an older Triton, constexprs
+        where there is none to call directly (the interpreter, the fast path off, constexprs
         between runtime parameters); the caller then keeps calling this launcher."""
         self(*args)
-        if self._constexpr_tail is None or not self._cacheable or torch.compiler.is_compiling():
+        if self._constexpr_tail is None or not (self._cacheable and _on) or torch.compiler.is_compiling():
             return None
         entry = self._runners.get((torch.cuda.current_device(), *map(_arg_key, args)))
         if entry is None or entry[1] is None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelbench import fast_launch
-from kernelbench.fast_launch import CachedLauncher
+from kernelbench.fast_launch import CachedLauncher, fast_apply
 
 
 class FakeCompiled:
@@ -229,3 +229,212 @@ def test_direct_launch_keeps_the_launcher_where_its_c_arguments_may_change(compi
         assert direct(0, ptr, 7) is True
     assert [entry[0] for entry in log] == ["python", "c", "python", "c"]
     assert not direct.calls_c_launcher
+
+
+class _Scale(torch.autograd.Function):
+    """y = x * s with a hand-written backward: a Function without setup_context."""
+
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.s = s
+        return x * s
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * ctx.s, None
+
+
+class _ScaleWithSetup(_Scale):
+    @staticmethod
+    def forward(x, s):
+        return x * s
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.s = inputs[1]
+
+
+def test_fast_apply_records_the_same_node_and_gradients_as_apply():
+    x = torch.randn(4, 3, requires_grad=True)
+    fast = fast_apply(_Scale)
+    assert fast is not _Scale.apply
+    y_fast, y_full = fast(x, 3.0), _Scale.apply(x, 3.0)
+    assert type(y_fast.grad_fn) is type(y_full.grad_fn)
+    torch.testing.assert_close(y_fast, y_full, rtol=0, atol=0)
+    (g_fast,) = torch.autograd.grad(y_fast.sum(), x)
+    (g_full,) = torch.autograd.grad(y_full.sum(), x)
+    torch.testing.assert_close(g_fast, g_full, rtol=0, atol=0)
+
+
+def test_fast_apply_leaves_functorch_and_setup_context_to_apply():
+    # Under a transform the Function's own apply decides (here: it refuses, no setup_context).
+    fast = fast_apply(_Scale)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.vmap(lambda t: fast(t, 2.0))(torch.randn(3, 2))
+    # With setup_context, apply binds default arguments: it is returned as it is.
+    assert fast_apply(_ScaleWithSetup) == _ScaleWithSetup.apply
+
+
+# ------------------------------------------------------------------------------------------------
+# The switch and the version fence: the public path really runs, with the same results
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("torch_version, triton_version, supported", [
+    ("2.11.0+cu130", "3.6.0", True),
+    ("2.13.0+cpu", "3.9.0", True),
+    ("2.10.1", "3.6.0", False),  # torch older than the checked range
+    ("2.14.0.dev20270101", "3.6.0", False),  # newer
+    ("2.11.0", "3.5.1", False),
+    ("2.11.0", "3.10.0", False),
+    ("2.11.0", None, False),  # no Triton
+    ("garbage", "3.6.0", False),
+])
+def test_versions_outside_the_checked_ranges_are_not_supported(torch_version, triton_version, supported):
+    assert fast_launch.versions_supported(torch_version, triton_version) is supported
+
+
+def test_switched_off_launches_go_through_triton_every_time(compiled_mode, monkeypatch):
+    kernel = FakeKernel()
+    kernel.params.append(kernel.params.pop(2))  # constexprs last: a DirectLaunch can be bound
+    launch = CachedLauncher(kernel, (2,), BLOCK=8, FLAG=False)
+    x = torch.zeros(8)
+    direct = launch.direct(x, 5, 1.0)
+    assert direct is not None
+    monkeypatch.setattr(fast_launch, "_on", fast_launch._on)  # restored after the test
+    assert fast_launch.set_enabled(False) is True
+    assert not fast_launch.enabled()
+    for _ in range(3):
+        launch(x, 5, 1.0)
+    assert direct(0, 123, 5, 1.0) is False  # a DirectLaunch bound earlier launches nothing
+    assert launch.direct(x, 5, 1.0) is None
+    assert [entry[0] for entry in kernel.log] == ["triton"] * 5
+    fast_launch.set_enabled(True)
+    launch(x, 5, 1.0)
+    assert kernel.log[-1][0] == "direct"
+
+
+def test_switched_off_fast_apply_calls_the_functions_apply(monkeypatch):
+    calls = []
+
+    class Recorded(_Scale):
+        @classmethod
+        def apply(cls, *args):
+            calls.append(args)
+            return super().apply(*args)
+
+    fast = fast_apply(Recorded)
+    x = torch.randn(3, requires_grad=True)
+    monkeypatch.setattr(fast_launch, "_on", True)
+    y_fast = fast(x, 2.0)
+    assert calls == []
+    fast_launch.set_enabled(False)
+    y_public = fast(x, 2.0)
+    assert len(calls) == 1
+    assert torch.equal(y_fast, y_public)
+    # Outside the checked versions no private entry point is read at all.
+    monkeypatch.setattr(fast_launch, "_SUPPORTED", False)
+    assert fast_apply(Recorded) == Recorded.apply
+
+
+# Every layer forward and backward on tiny inputs in the Triton interpreter; run here with the
+# fast path on and in a process where torch's version is outside the checked range.
+LAYERS = '''
+import torch
+from kernelbench.nn import apply_rotary, cross_entropy, rms_norm, silu_mul
+
+def layer_results():
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for name, shape, residual in (("norm", (3, 40), False), ("norm-res", (2, 3, 24), True),
+                                  ("norm-wide", (2, 9000), False)):
+        x = torch.randn(shape, generator=gen).bfloat16().requires_grad_(True)
+        w = torch.randn(shape[-1], generator=gen).bfloat16().requires_grad_(True)
+        r = torch.randn(shape, generator=gen).bfloat16().requires_grad_(True) if residual else None
+        for call in range(2):  # the second call of a signature takes a bound plan where there is one
+            y = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+            ys = y if residual else (y,)
+            grads = torch.autograd.grad(ys, [t for t in (x, w, r) if t is not None], [torch.ones_like(t) for t in ys])
+            out[f"{name}-{call}"] = [t.detach() for t in ys] + list(grads)
+        with torch.no_grad():
+            out[f"{name}-nograd"] = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+    q = torch.randn(1, 2, 5, 8, generator=gen).requires_grad_(True)
+    k = torch.randn(1, 1, 5, 8, generator=gen).requires_grad_(True)
+    angles = torch.rand(5, 8, generator=gen)
+    qo, ko = apply_rotary(q, k, angles.cos(), angles.sin(), impl="triton")
+    out["rotary"] = [qo.detach(), ko.detach(), *torch.autograd.grad((qo, ko), (q, k), (qo.detach(), ko.detach()))]
+    gate = torch.randn(4, 33, generator=gen).requires_grad_(True)
+    up = torch.randn(4, 33, generator=gen).requires_grad_(True)
+    s = silu_mul(gate, up, impl="triton")
+    out["swiglu"] = [s.detach(), *torch.autograd.grad(s, (gate, up), torch.ones_like(s))]
+    logits = torch.randn(6, 50, generator=gen).requires_grad_(True)
+    targets = torch.randint(0, 50, (6,), generator=gen)
+    loss = cross_entropy(logits, targets, impl="triton")
+    out["xent"] = [loss.detach(), *torch.autograd.grad(loss, logits)]
+    return out
+'''
+
+
+def _flatten(results):
+    return {f"{key}/{i}": t for key, value in results.items()
+            for i, t in enumerate(value if isinstance(value, (list, tuple)) else [value])}
+
+
+def test_layers_take_the_plain_path_when_switched_off(monkeypatch):
+    """Switched off, RMSNorm takes host.forward / host.backward and never its fast path; every
+    layer gives the same bits as with the fast path on."""
+    from kernelbench.nn.rmsnorm import fast_path
+
+    namespace: dict = {}
+    exec(LAYERS, namespace)
+    monkeypatch.setattr(fast_launch, "_on", True)
+    fast = _flatten(namespace["layer_results"]())
+    fast_launch.set_enabled(False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fast path ran while switched off")
+
+    for name in ("forward", "backward", "small_call", "bind_small_call"):
+        monkeypatch.setattr(fast_path, name, refuse)
+    plain = _flatten(namespace["layer_results"]())
+    assert fast.keys() == plain.keys()
+    for key in fast:
+        assert torch.equal(fast[key], plain[key]), key
+
+
+def test_outside_the_checked_versions_everything_takes_the_public_path(tmp_path):
+    """A torch version outside TORCH_VERSIONS: no private entry point is bound, and every layer's
+    forward and backward give the bits this process gives with the fast path on."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "public.pt"
+    code = ("import torch\ntorch.__version__ = '2.99.0'\n"
+            "from kernelbench import fast_launch\n"
+            "assert not fast_launch.enabled() and not fast_launch.set_enabled(True) and not fast_launch.enabled()\n"
+            "assert fast_launch.current_device is torch.cuda.current_device\n"
+            + LAYERS +
+            "from kernelbench.nn.rmsnorm import fast_path\n"
+            "fast_path.forward = fast_path.backward = fast_path.small_call = None  # must not be reached\n"
+            f"torch.save(layer_results(), {str(out)!r})\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    namespace: dict = {}
+    exec(LAYERS, namespace)
+    fast = _flatten(namespace["layer_results"]())
+    public = _flatten(torch.load(out))
+    assert fast.keys() == public.keys()
+    for key in fast:
+        assert torch.equal(fast[key], public[key]), key
+
+
+def test_the_environment_switch(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    code = "from kernelbench import fast_launch; print(fast_launch.enabled())"
+    for value, expected in (("0", "False"), ("1", str(fast_launch._SUPPORTED))):
+        env = {**os.environ, fast_launch.SWITCH_ENV: value}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.stdout.strip() == expected, done.stderr[-2000:]

@@ -239,7 +239,7 @@ def test_tracing_under_inductor_registers_the_fallback_inductor_would_create():
     from torch._library.utils import get_layout_constraint_tag
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kernelbench.nn import _inductor_fallbacks, crossentropy_kernels, swiglu_kernels  # noqa: F401
+    from kernelbench.nn import _inductor_fallbacks, crossentropy, swiglu  # noqa: F401
 
     with FakeTensorMode():
         x = torch.empty(4, HIDDEN)
@@ -251,54 +251,6 @@ def test_tracing_under_inductor_registers_the_fallback_inductor_would_create():
         assert op in lowering.lowerings, op
         expected = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
         assert lowering._maybe_layout_constraints.get(op) is expected, op
-
-
-class _Scale(torch.autograd.Function):
-    """y = x * s with a hand-written backward: a Function without setup_context."""
-
-    @staticmethod
-    def forward(ctx, x, s):
-        ctx.s = s
-        return x * s
-
-    @staticmethod
-    def backward(ctx, dy):
-        return dy * ctx.s, None
-
-
-class _ScaleWithSetup(_Scale):
-    @staticmethod
-    def forward(x, s):
-        return x * s
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.s = inputs[1]
-
-
-def test_direct_apply_records_the_same_node_and_gradients_as_apply():
-    from kernelbench.nn._triton_support import direct_apply
-
-    x = torch.randn(4, 3, requires_grad=True)
-    fast = direct_apply(_Scale)
-    assert fast is not _Scale.apply
-    y_fast, y_full = fast(x, 3.0), _Scale.apply(x, 3.0)
-    assert type(y_fast.grad_fn) is type(y_full.grad_fn)
-    torch.testing.assert_close(y_fast, y_full, rtol=0, atol=0)
-    (g_fast,) = torch.autograd.grad(y_fast.sum(), x)
-    (g_full,) = torch.autograd.grad(y_full.sum(), x)
-    torch.testing.assert_close(g_fast, g_full, rtol=0, atol=0)
-
-
-def test_direct_apply_leaves_functorch_and_setup_context_to_apply():
-    from kernelbench.nn._triton_support import direct_apply
-
-    # Under a transform the Function's own apply decides (here: it refuses, no setup_context).
-    fast = direct_apply(_Scale)
-    with pytest.raises(RuntimeError, match="setup_context"):
-        torch.func.vmap(lambda t: fast(t, 2.0))(torch.randn(3, 2))
-    # With setup_context, apply binds default arguments: it is returned as it is.
-    assert direct_apply(_ScaleWithSetup) == _ScaleWithSetup.apply
 
 
 def test_compile_caches_find_every_kernel_an_op_launches():
@@ -327,8 +279,7 @@ def test_compile_caches_find_every_kernel_an_op_launches():
     code = (
         "import json, sys\n"
         "from torch._library.triton import get_triton_kernels_for_op\n"
-        "import kernelbench.nn.rmsnorm_kernels, kernelbench.nn.rotary_kernels\n"
-        "import kernelbench.nn.swiglu_kernels, kernelbench.nn.crossentropy_kernels\n"
+        "import kernelbench.nn.rmsnorm, kernelbench.nn.rotary, kernelbench.nn.swiglu, kernelbench.nn.crossentropy\n"
         "ops = json.loads(sys.argv[1])\n"
         "print(json.dumps({op: sorted(k.fn.__name__ for k in get_triton_kernels_for_op(op)) for op in ops}))\n"
     )

@@ -3,8 +3,20 @@
 import pytest
 import torch
 
-from kernelbench.nn.rmsnorm import MAX_N, RMSNorm, rms_norm, rmsnorm_ref_fp32
-from kernelbench.nn.rmsnorm_kernels import BwdConfig, FwdConfig, bwd_config, fwd_config
+from kernelbench import fast_launch
+from kernelbench.nn.rmsnorm import (
+    MAX_N,
+    BwdConfig,
+    FwdConfig,
+    RMSNorm,
+    bwd_config,
+    fast_path,
+    fwd_config,
+    host,
+    kernels,
+    rms_norm,
+    rmsnorm_ref_fp32,
+)
 
 # (atol, rtol) for outputs and dx; dweight (a sum over rows) is compared by relative norm.
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -49,6 +61,14 @@ def run_both(x, weight, residual, eps=1e-6):
     torch.autograd.backward(refs, [g.double() for g in grads_out])
     want = [o.detach() for o in refs] + [t.grad for t in ref_leaves]
     return got, want
+
+
+def fresh_plans(monkeypatch):
+    """Empty plan caches for this test (other tests leave plans, some with direct launches bound)."""
+    caches = {host: ("_fwd_plans", "_bwd_plans"), fast_path: ("_fwd_bound", "_bwd_bound", "_small_calls")}
+    for module, names in caches.items():
+        for name in names:
+            monkeypatch.setattr(module, name, fast_launch.PlanCache())
 
 
 def check(got, want, dtype, has_weight, has_residual):
@@ -170,14 +190,12 @@ TUNINGS = [
 @pytest.mark.parametrize("fwd_cfg, bwd_cfg", TUNINGS,
                          ids=["rows4", "persistent-bwd", "early-weight", "two-pass", "two-pass-32"])
 def test_launch_configs_match_reference(fwd_cfg, bwd_cfg):
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
-
     gen = torch.Generator().manual_seed(21)
     x = torch.randn(43, 200, generator=gen).to(torch.bfloat16)  # 43 rows: partial last blocks
     w = (1 + 0.1 * torch.randn(200, generator=gen)).to(torch.bfloat16)
     dy = torch.randn(43, 200, generator=gen).to(torch.bfloat16)
-    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, config=fwd_cfg)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, config=bwd_cfg)
+    y, _, rstd = host.forward(x, w, None, 1e-6, config=fwd_cfg)
+    dx, dw = host.backward(x, w, rstd, dy, None, config=bwd_cfg)
     xr, wr = x.double().requires_grad_(True), w.double().requires_grad_(True)
     ref = rmsnorm_ref_fp32(xr, wr, 1e-6)
     ref.backward(dy.double())
@@ -210,15 +228,13 @@ WIDE = [  # (M, N, dtype, num_warps)
 
 def check_backward(m, n, dtype, has_weight, has_dres, config):
     """_rmsnorm_bwd with the launch ``config`` against the fp64 reference."""
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
-
     gen = torch.Generator().manual_seed(m * n)
     x = torch.randn(m, n, generator=gen).to(dtype)
     w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype) if has_weight else None
     dy = torch.randn(m, n, generator=gen).to(dtype)
     dres = torch.randn(m, n, generator=gen).to(dtype) if has_dres else None
-    _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, dres, config=config)
+    _, _, rstd = host.forward(x, w, None, 1e-6)
+    dx, dw = host.backward(x, w, rstd, dy, dres, config=config)
     xr = x.double().requires_grad_(True)
     wr = w.double().requires_grad_(True) if has_weight else None
     rmsnorm_ref_fp32(xr, wr, 1e-6).backward(dy.double())
@@ -274,27 +290,23 @@ def test_bad_launch_config(make, match):
 
 
 def test_config_narrower_than_rows():
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd
-
     x = torch.randn(3, 200)
     with pytest.raises(ValueError, match="needs block_n >= N, got 128 < 200"):
-        _rmsnorm_bwd(x, torch.ones(200), torch.ones(3), x, None, config=BwdConfig("wide", 1, 128, 4))
+        host.backward(x, torch.ones(200), torch.ones(3), x, None, config=BwdConfig("wide", 1, 128, 4))
 
 
 def test_wide_backward_default_switch(monkeypatch):
     """Rows in (8192, 16384] take the wide kernel by default through the public autograd path."""
-    from kernelbench.nn import rmsnorm_kernels as mod
-
-    monkeypatch.setattr(mod, "_bwd_plans", mod.PlanCache())  # plans made by other tests
+    fresh_plans(monkeypatch)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
     w = (1 + 0.1 * torch.randn(9000, generator=gen)).to(torch.bfloat16).requires_grad_(True)
     r = torch.randn(3, 9000, generator=gen).to(torch.bfloat16).requires_grad_(True)
     got, want = run_both(x, w, r)
     check(got, want, torch.bfloat16, True, True)
-    (plan,) = mod._bwd_plans.values()
-    assert plan.main.cached.kernel is mod._rmsnorm_bwd_wide_kernel
-    assert (plan.main.cached.meta["BLOCK_N"], plan.main.cached.meta["num_warps"]) == (16384, 32)
+    (plan,) = host._bwd_plans.values()
+    assert plan.main.kernel is kernels._rmsnorm_bwd_wide_kernel
+    assert (plan.main.meta["BLOCK_N"], plan.main.meta["num_warps"]) == (16384, 32)
 
 
 @pytest.mark.parametrize("config", [
@@ -302,19 +314,17 @@ def test_wide_backward_default_switch(monkeypatch):
     BwdConfig("two-pass", 1, 8, 4, programs_per_sm=1),
 ], ids=["wide", "two-pass"])
 def test_gradcheck_fp64_backward_configs(config):
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
-
     class Norm(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
-            y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
+            y, _, rstd = host.forward(x, w, None, 1e-6)
             ctx.save_for_backward(x, w, rstd)
             return y
 
         @staticmethod
         def backward(ctx, dy):
             x, w, rstd = ctx.saved_tensors
-            return _rmsnorm_bwd(x, w, rstd, dy.contiguous(), None, config=config)
+            return host.backward(x, w, rstd, dy.contiguous(), None, config=config)
 
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(5, 37, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -327,15 +337,13 @@ def test_gradcheck_fp64_backward_configs(config):
 def test_launch_bound_backward_is_one_program(m, n, has_weight, has_dres, monkeypatch):
     """Backwards of at most 32768 elements: one program that writes dw itself, no partials;
     larger ones keep the persistent grid and the dw reduction."""
-    from kernelbench.nn import rmsnorm_kernels as K
-
-    monkeypatch.setattr(K, "_bwd_plans", K.PlanCache())  # plans made by other tests
+    fresh_plans(monkeypatch)
     check_backward(m, n, torch.float32, has_weight, has_dres, None)
-    plans = [plan for key, plan in K._bwd_plans.items() if key[:2] == (m, n)]
+    plans = [plan for key, plan in host._bwd_plans.items() if key[:2] == (m, n)]
     assert plans
     for plan in plans:
-        one_program = m * n <= K._ONE_PROGRAM_BWD_MAX_ELEMENTS
-        assert (plan.main.cached.grid == (1,)) == one_program
+        one_program = m * n <= host._ONE_PROGRAM_BWD_MAX_ELEMENTS
+        assert (plan.main.grid == (1,)) == one_program
         assert (plan.sum_rows is None) == (one_program or not has_weight)
 
 
@@ -345,13 +353,11 @@ def test_launch_bound_backward_is_one_program(m, n, has_weight, has_dres, monkey
 def test_eager_backward_recomputes_rstd_where_it_runs_as_one_program(shape, recomputed, residual):
     """Launch-bound eager calls save no rstd (the backward recomputes it from the saved rows);
     larger ones keep it. Either way the gradients match the fp64 reference."""
-    from kernelbench.nn.rmsnorm_kernels import recomputes_rstd
-
     gen = torch.Generator().manual_seed(21)
     x = torch.randn(shape, generator=gen).requires_grad_(True)
     w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).requires_grad_(True)
     r = torch.randn(shape, generator=gen).requires_grad_(True) if residual else None
-    assert recomputes_rstd(x.numel() // shape[-1], shape[-1]) == recomputed
+    assert host.recomputes_rstd(x.numel() // shape[-1], shape[-1]) == recomputed
     got, want = run_both(x, w, r)
     check(got, want, torch.float32, True, residual)
     out = rms_norm(x, w, 1e-6, residual=r, impl="triton")
@@ -361,23 +367,21 @@ def test_eager_backward_recomputes_rstd_where_it_runs_as_one_program(shape, reco
 
 @pytest.mark.parametrize("has_weight, has_dres", WEIGHT_DRES, ids=WEIGHT_DRES_IDS)
 def test_recomputed_rstd_backward_equals_the_saved_one(has_weight, has_dres):
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
-
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(6, 300, generator=gen)
     w = torch.randn(300, generator=gen) if has_weight else None
     dy = torch.randn(6, 300, generator=gen)
     dres = torch.randn(6, 300, generator=gen) if has_dres else None
-    _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-5)
-    saved = _rmsnorm_bwd(x, w, rstd, dy, dres)
-    recomputed = _rmsnorm_bwd(x, w, None, dy, dres, eps=1e-5)
+    _, _, rstd = host.forward(x, w, None, 1e-5)
+    saved = host.backward(x, w, rstd, dy, dres)
+    recomputed = host.backward(x, w, None, dy, dres, eps=1e-5)
     for a, b in zip(saved, recomputed):
         if a is None:
             assert b is None
         else:
             torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="only the rows kernel recomputes rstd"):
-        _rmsnorm_bwd(x, w, None, dy, dres, eps=1e-5, config=BwdConfig("wide", 1, 512, 4))
+        host.backward(x, w, None, dy, dres, eps=1e-5, config=BwdConfig("wide", 1, 512, 4))
 
 
 @pytest.mark.parametrize("shape, has_weight, has_residual", [
@@ -387,12 +391,10 @@ def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape
     with the arguments fixed once. Those must be the arguments the general path gives its direct
     launches. Direct launches exist only on a GPU, so here they are recorded instead of run,
     each pointer named by the tensor it points to (tests/gpu/test_nn_gpu.py runs them)."""
-    from kernelbench.nn import rmsnorm_kernels as K
-
-    for cache in ("_fwd_plans", "_bwd_plans", "_small_calls"):
-        monkeypatch.setattr(K, cache, K.PlanCache())
-    monkeypatch.setattr(K, "_direct_launch_device", lambda x: -1)
-    monkeypatch.setattr(K, "_current_device", lambda: -1)
+    fresh_plans(monkeypatch)
+    monkeypatch.setattr(fast_launch, "_on", True)
+    monkeypatch.setattr(fast_path, "_direct_launch_device", lambda x: -1)
+    monkeypatch.setattr(fast_path, "current_device", lambda: -1)
     recorded = []
 
     def record(device, *args):
@@ -400,18 +402,18 @@ def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape
         return True
 
     def first_or_fallback(self, aligned, args):  # launch through Triton, then bind the recorder
-        self.cached(*args)
+        self.launcher(*args)
         if aligned:
             self.direct = record
 
-    monkeypatch.setattr(K._Launch, "first_or_fallback", first_or_fallback)
+    monkeypatch.setattr(fast_path._Bound, "first_or_fallback", first_or_fallback)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(shape, generator=gen).requires_grad_(True)
     w = torch.randn(shape[-1], generator=gen).requires_grad_(True) if has_weight else None
     r = torch.randn(shape, generator=gen).requires_grad_(True) if has_residual else None
     dy = torch.randn(shape, generator=gen)
     dh = torch.randn(shape, generator=gen) if has_residual else None
-    inputs = {"x": x, "w": w, "r": r, "dy": dy, "dh": dh, "rstd": K._scratch_rstd(x.numel() // shape[-1], x)}
+    inputs = {"x": x, "w": w, "r": r, "dy": dy, "dh": dh, "rstd": host.scratch_rstd(x.numel() // shape[-1], x)}
 
     def call():
         """The launch arguments of one eager forward + backward, pointers named, and its node."""
@@ -427,7 +429,7 @@ def test_small_call_passes_the_general_paths_launch_arguments(monkeypatch, shape
 
     call()  # the general path through Triton: binds both plans' launches and the _SmallCall
     with monkeypatch.context() as general_only:
-        general_only.setattr(K, "_small_call", lambda *args: None)
+        general_only.setattr(fast_path, "small_call", lambda *args: None)
         general, node = call()  # the general path's direct launches
     assert node.small is None and len(general) == 2
     small, node = call()

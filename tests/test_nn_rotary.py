@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernelbench.nn.rotary import apply_rotary, apply_rotary_, rotary_ref
-from kernelbench.nn.rotary_kernels import RotaryConfig, rotary_config
+from kernelbench.nn.rotary import RotaryConfig, rotary_config
 from kernelbench.ops.rotary import rotary_ref as hf_rotary_ref
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -158,14 +158,14 @@ def test_bad_input(call, match):
 ], ids=["one-head", "four-heads"])
 def test_launch_configs_match_reference(config):
     """Tiles other than the default, with partial head and sequence blocks."""
-    from kernelbench.nn.rotary_kernels import _launch
+    from kernelbench.nn.rotary.host import launch
 
     gen = torch.Generator().manual_seed(8)
     q, k = make(2, 6, 3, 7, 32, "bhsd", torch.bfloat16, gen)
     cos, sin = tables(7, 32, "half")
     cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
     qo, ko = torch.empty_like(q), torch.empty_like(k)
-    _launch(q, k, qo, ko, cos, sin, None, 0, interleaved=False, backward=False, copy_pass=True, config=config)
+    launch(q, k, qo, ko, cos, sin, None, 0, interleaved=False, backward=False, copy_pass=True, config=config)
     rq, rk = rotary_ref(q.double(), k.double(), cos.double(), sin.double())
     assert_close("q_out", qo, rq, *TOL[torch.bfloat16])
     assert_close("k_out", ko, rk, *TOL[torch.bfloat16])

@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelbench.nn import silu_mul
-from kernelbench.nn.swiglu import SiluMulConfig, default_config, silu_mul_ref_fp32
-from kernelbench.nn.swiglu_kernels import silu_mul_bwd, silu_mul_fwd
+from kernelbench.nn.swiglu import SiluMulConfig, default_config, host, silu_mul_ref_fp32
 
 # (atol, rtol) against the fp64 reference: fp32 math, one rounding to the storage dtype (the
 # interpreter truncates fp32 -> bf16, where the GPU rounds to nearest: up to one bf16 ulp).
@@ -158,8 +157,8 @@ def test_launch_configs_match_reference(config):
     """Every launch shape computes the same: partial last blocks, blocks larger than the tensor."""
     gate, up, dy = draw((9, 100), torch.float16, seed=21)
     gate, up = gate.detach(), up.detach()
-    out = silu_mul_fwd(gate, up, config=config)
-    dgate, dup = silu_mul_bwd(dy, gate, up, config=config)
+    out = host.forward(gate, up, config=config)
+    dgate, dup = host.backward(dy, gate, up, config=config)
     atol, rtol = TOL[torch.float16]
     for name, got, want in zip(("out", "dgate", "dup"), (out, dgate, dup), fp64_reference(gate, up, dy)):
         assert_close(name, got, want, atol * 4, rtol)

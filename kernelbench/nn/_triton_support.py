@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -134,26 +133,3 @@ def tl_acc(dtype: torch.dtype):
 
 def is_power_of_two(v: int) -> bool:
     return v >= 1 and not v & (v - 1)
-
-
-def direct_apply(function: type[torch.autograd.Function]) -> Callable[..., Any]:
-    """``function.apply`` without ``autograd.Function.apply``'s Python wrapper where the wrapper
-    adds nothing: for a Function without ``setup_context``, outside functorch transforms, it only
-    unwraps dead functorch wrappers (done here as well) before the C ``apply``. Its host time
-    counts in every eager call of a launch-bound layer (results/2026-11-24-h100-host-threads)."""
-    try:
-        c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
-        unwrap_if_dead = torch._C._functorch.unwrap_if_dead
-        transforms_active = torch._C._are_functorch_transforms_active
-    except (AttributeError, KeyError):  # a torch without these: its own apply
-        return function.apply
-    if function.setup_context is not torch.autograd.Function.setup_context:
-        return function.apply  # apply binds default arguments for setup_context
-    full_apply, tensor = function.apply, torch.Tensor
-
-    def apply(*args: Any) -> Any:
-        if transforms_active():  # vmap, grad, ...: autograd.Function.apply decides
-            return full_apply(*args)
-        return c_apply(*[unwrap_if_dead(a) if isinstance(a, tensor) else a for a in args])
-
-    return apply

@@ -7,8 +7,7 @@ import contextlib
 import pytest
 import torch
 
-from kernelbench.nn.rmsnorm import rms_norm, rmsnorm_ref_fp32
-from kernelbench.nn.rmsnorm_kernels import BwdConfig, FwdConfig
+from kernelbench.nn.rmsnorm import BwdConfig, FwdConfig, fast_path, host, rms_norm, rmsnorm_ref_fp32
 from kernelbench.nn.rotary import apply_rotary, apply_rotary_, rotary_ref
 
 pytestmark = pytest.mark.gpu
@@ -110,14 +109,12 @@ def test_autoselect_measures_on_cuda(tmp_path, monkeypatch):
 ], ids=["default", "rows2", "two-pass"])
 def test_rmsnorm_launch_configs_on_gpu(fwd_cfg, bwd_cfg):
     """Launch configs other than the defaults compute the same as the fp32 reference (compiled)."""
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
-
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(4099, 4096, generator=gen, device="cuda").bfloat16()
     w = (1 + 0.1 * torch.randn(4096, generator=gen, device="cuda")).bfloat16()
     dy = torch.randn(4099, 4096, generator=gen, device="cuda").bfloat16()
-    y, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6, config=fwd_cfg)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, config=bwd_cfg)
+    y, _, rstd = host.forward(x, w, None, 1e-6, config=fwd_cfg)
+    dx, dw = host.backward(x, w, rstd, dy, None, config=bwd_cfg)
     xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
     ref = rmsnorm_ref_fp32(xf, wf, 1e-6)
     ref.backward(dy.float())
@@ -127,12 +124,10 @@ def test_rmsnorm_launch_configs_on_gpu(fwd_cfg, bwd_cfg):
 
 def test_backward_grid_reads_occupancy():
     """The persistent backward's programs per SM come from the compiled kernel (1 to 8 at 8 warps)."""
-    from kernelbench.nn import rmsnorm_kernels as mod
-
     x = torch.randn(8192, 4096, device="cuda").bfloat16()
-    mod._rmsnorm_bwd(x, torch.ones(4096, device="cuda").bfloat16(), torch.ones(8192, device="cuda"), x, None)
-    values = list(mod._resident_cache.values())
-    print("resident programs per SM:", mod._resident_cache)
+    host.backward(x, torch.ones(4096, device="cuda").bfloat16(), torch.ones(8192, device="cuda"), x, None)
+    values = list(host._resident_cache.values())
+    print("resident programs per SM:", host._resident_cache)
     assert values and all(1 <= v <= 8 for v in values)
 
 
@@ -146,14 +141,12 @@ def test_backward_grid_reads_occupancy():
 ])
 def test_rmsnorm_wide_backward_on_gpu(shape, cfg):
     """The wide rows' backward configs against the fp32 reference."""
-    from kernelbench.nn.rmsnorm_kernels import _rmsnorm_bwd, _rmsnorm_fwd
-
     gen = torch.Generator(device="cuda").manual_seed(4)
     x = torch.randn(shape, generator=gen, device="cuda").bfloat16()
     w = (1 + 0.1 * torch.randn(shape[1], generator=gen, device="cuda")).bfloat16()
     dy = torch.randn(shape, generator=gen, device="cuda").bfloat16()
-    _, _, rstd = _rmsnorm_fwd(x, w, None, 1e-6)
-    dx, dw = _rmsnorm_bwd(x, w, rstd, dy, None, config=cfg)
+    _, _, rstd = host.forward(x, w, None, 1e-6)
+    dx, dw = host.backward(x, w, rstd, dy, None, config=cfg)
     xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
     rmsnorm_ref_fp32(xf, wf, 1e-6).backward(dy.float())
     assert rel_fro(dx, xf.grad) < 5e-3 and rel_fro(dw, wf.grad) < 5e-3
@@ -167,11 +160,9 @@ def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
     same outputs and gradients as the first path. Launch-bound shapes take their _SmallCall there
     (the launches' fixed arguments bound once), and the direct launches call Triton's C launcher.
     A pointer off a 16-byte boundary takes the general path and is still right."""
-    from kernelbench.nn import rmsnorm_kernels as K
-
-    K._fwd_plans.clear()
-    K._bwd_plans.clear()
-    K._small_calls.clear()
+    host._fwd_plans.clear()
+    host._bwd_plans.clear()
+    fast_path.clear()
     small = []  # per call: whether it took a _SmallCall
 
     def run(x, w, r, dys):
@@ -190,15 +181,15 @@ def test_rmsnorm_direct_launches_match_the_first_call(shape, residual):
     r = torch.randn(shape, generator=gen, device="cuda").bfloat16() if residual else None
     dys = [torch.randn(shape, generator=gen, device="cuda").bfloat16() for _ in range(2)]
     first = run(x, w, r, dys)
-    assert all(plan.direct for plan in K._fwd_plans.values())
-    assert all(plan.main.direct for plan in K._bwd_plans.values())
+    assert all(bound.direct for bound in fast_path._fwd_bound.values())
+    assert all(bound.direct for bound in fast_path._bwd_bound.values())
     for _ in range(3):
         again = run(x, w, r, dys)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
-    assert small == [False] + [K.recomputes_rstd(x.numel() // shape[-1], shape[-1])] * 3
-    assert all(plan.direct.calls_c_launcher for plan in K._fwd_plans.values())
-    assert all(plan.main.direct.calls_c_launcher for plan in K._bwd_plans.values())
+    assert small == [False] + [host.recomputes_rstd(x.numel() // shape[-1], shape[-1])] * 3
+    assert all(bound.direct.calls_c_launcher for bound in fast_path._fwd_bound.values())
+    assert all(bound.direct.calls_c_launcher for bound in fast_path._bwd_bound.values())
     # x two elements (4 bytes) past an aligned start: the general path, the same values.
     flat = torch.empty(x.numel() + 2, device="cuda", dtype=x.dtype)
     shifted = flat[2:].view(shape)
@@ -213,8 +204,6 @@ def test_rmsnorm_small_call_with_saved_tensor_hooks(residual):
     """Saved-tensor hooks may hand the backward other tensors than were saved (offloading,
     checkpointing): here a column-major copy. The launch-bound path then takes the general
     backward, and the gradients are bitwise those without hooks."""
-    from kernelbench.nn import rmsnorm_kernels as K
-
     gen = torch.Generator(device="cuda").manual_seed(5)
     x0 = torch.randn(8, 1024, generator=gen, device="cuda").bfloat16()
     w0 = (1 + 0.1 * torch.randn(1024, generator=gen, device="cuda")).bfloat16()
@@ -235,8 +224,36 @@ def test_rmsnorm_small_call_with_saved_tensor_hooks(residual):
 
     grads(contextlib.nullcontext())  # binds the plans and the small call
     small_plain, plain = grads(contextlib.nullcontext())
-    assert small_plain and K.recomputes_rstd(8, 1024)
+    assert small_plain and host.recomputes_rstd(8, 1024)
     small_hooked, hooked = grads(torch.autograd.graph.saved_tensors_hooks(lambda t: t, column_major))
     assert small_hooked
     for a, b in zip(plain, hooked):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape, residual", [((8, 4096), True), ((4096, 4096), False), ((3, 5, 760), True)])
+def test_rmsnorm_fast_path_off_gives_the_same_bits(shape, residual, monkeypatch):
+    """With kernelbench.fast_launch switched off (Triton's own launches, Function.apply, the plain
+    host.forward / host.backward) the outputs and gradients are those of the fast path."""
+    from kernelbench import fast_launch
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    x0 = torch.randn(shape, generator=gen, device="cuda").bfloat16()
+    w0 = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device="cuda")).bfloat16()
+    r0 = torch.randn(shape, generator=gen, device="cuda").bfloat16() if residual else None
+    dy = torch.randn(shape, generator=gen, device="cuda").bfloat16()
+
+    def run():
+        x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+        r = r0.clone().requires_grad_(True) if residual else None
+        out = rms_norm(x, w, 1e-6, residual=r, impl="triton")
+        y = out[0] if residual else out
+        y.backward(dy)
+        return [y.detach()] + [t.grad for t in (x, w, r) if t is not None]
+
+    monkeypatch.setattr(fast_launch, "_on", fast_launch._on)
+    assert fast_launch.enabled()
+    fast = [run() for _ in range(3)][-1]  # the third call: bound plans, small calls where they apply
+    fast_launch.set_enabled(False)
+    for a, b in zip(fast, run()):
         assert torch.equal(a, b)

@@ -10,9 +10,10 @@ into pairs (x1, x2) and rotated; the rest pass through unchanged:
     out = x * cos + rotate(x) * sin
 
 with cos / sin of shape (positions, rotary_dim) at positions position_offset (+ per-batch offset)
-+ s. The kernel, its launch configuration and the custom ops are in
-``kernelbench.nn.rotary_kernels``. ``rotary_ref`` is the PyTorch reference (also the
-``impl="torch"`` path).
++ s. ``rotary_ref`` is the PyTorch reference (also the ``impl="torch"`` path).
+
+Below this file: ``function.py`` (autograd and the ops torch.compile sees), ``host.py`` (launch
+configuration, checks, ``forward`` / ``backward``), ``kernels.py`` (the Triton kernel).
 """
 
 from __future__ import annotations
@@ -21,29 +22,30 @@ from collections.abc import Callable
 
 import torch
 
-from ._triton_support import direct_apply, require_const, runs_here
-from ._triton_support import why_not_here as triton_usable
-from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
-from .rotary_kernels import (
+from ...fast_launch import fast_apply
+from .._triton_support import require_const, runs_here
+from .._triton_support import why_not_here as triton_usable
+from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
+from . import host
+from .function import RotaryFunction
+from .host import (
     LAYOUTS,
     STYLES,
     SUPPORTED_DTYPES,
     RotaryConfig,
-    _bhsd_shape,
-    _check,
-    _forward,
-    _offsets_for_kernel,
-    _RotaryFunction,
-    _table_2d,
-    _table_for_kernel,
+    bhsd_shape,
+    check_inputs,
+    offsets_for_kernel,
     rotary_config,
+    table_2d,
+    table_for_kernel,
 )
 
 __all__ = ["IMPLS", "LAYOUTS", "STYLES", "SUPPORTED_DTYPES", "RotaryConfig", "apply_rotary", "apply_rotary_",
            "rotary_config", "rotary_ref", "triton_usable"]
 
 # Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
-_rotary_autograd = direct_apply(_RotaryFunction)
+_rotary_autograd = fast_apply(RotaryFunction)
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -77,7 +79,7 @@ def rotary_ref(
     position_offset: int | torch.Tensor = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager PyTorch rotary, the math of the module docstring (compute in the inputs' dtype)."""
-    cos, sin = _table_2d(cos), _table_2d(sin)
+    cos, sin = table_2d(cos), table_2d(sin)
     rot = cos.shape[-1]
     seq_dim, head_dim_index = (2, 1) if layout == "bhsd" else (1, 2)
     pos = _positions(position_offset, q.shape[0], q.shape[seq_dim], q.device)
@@ -114,9 +116,9 @@ def apply_rotary(
         raise ValueError(f"apply_rotary: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
-    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)
+    cos, sin = check_inputs(q, k, cos, sin, style, layout, position_offset)
     if impl == "auto":
-        qb, kb = _bhsd_shape(q, layout), _bhsd_shape(k, layout)
+        qb, kb = bhsd_shape(q, layout), bhsd_shape(k, layout)
         shape = (qb[0], qb[1], kb[1], qb[2], qb[3], cos.shape[-1])
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
         impl = choose_impl(AUTOSELECT, shape, q.dtype, q.device, requires_grad=needs_grad, variant=f"{style}-{layout}")
@@ -124,17 +126,17 @@ def apply_rotary(
         return rotary_ref(q, k, cos, sin, style=style, layout=layout, position_offset=position_offset)
     if torch.compiler.is_compiling():
         require_const(q.is_cuda, "apply_rotary(impl='triton')")
-        offsets, offset = _offsets_for_kernel(position_offset, q.device)
-        return torch.ops.kernelbench.rotary(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
+        offsets, offset = offsets_for_kernel(position_offset, q.device)
+        return torch.ops.kernelbench.rotary(q, k, table_for_kernel(cos), table_for_kernel(sin), offsets, offset,
                                             style == "interleaved", layout == "bshd", False)
     if not runs_here(q):
         raise ValueError(f"apply_rotary(impl='triton'): {triton_usable(q)}; use impl='torch' or impl='auto'")
-    offsets, offset = _offsets_for_kernel(position_offset, q.device)
-    cos, sin = _table_for_kernel(cos), _table_for_kernel(sin)
+    offsets, offset = offsets_for_kernel(position_offset, q.device)
+    cos, sin = table_for_kernel(cos), table_for_kernel(sin)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
         return _rotary_autograd(q, k, cos, sin, offsets, offset, style, layout)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
-    return _forward(q, k, cos, sin, offsets, offset, style == "interleaved", layout)
+    return host.forward(q, k, cos, sin, offsets, offset, style == "interleaved", layout)
 
 
 def apply_rotary_(
@@ -152,15 +154,15 @@ def apply_rotary_(
     A ``torch.library`` custom op (``kernelbench::rotary_``) that declares it mutates q and k, so
     torch.compile and CUDA graphs see the write. Returns q and k.
     """
-    cos, sin = _check(q, k, cos, sin, style, layout, position_offset)  # traced too, as in apply_rotary
+    cos, sin = check_inputs(q, k, cos, sin, style, layout, position_offset)  # traced too, as in apply_rotary
     if torch.compiler.is_compiling():
         require_const(q.is_cuda, "apply_rotary_", remedy="")  # Triton only: no other impl to offer
     else:
         why_not = triton_usable(q)
         if why_not is not None:
             raise ValueError(f"apply_rotary_: {why_not}")
-    offsets, offset = _offsets_for_kernel(position_offset, q.device)
-    torch.ops.kernelbench.rotary_(q, k, _table_for_kernel(cos), _table_for_kernel(sin), offsets, offset,
+    offsets, offset = offsets_for_kernel(position_offset, q.device)
+    torch.ops.kernelbench.rotary_(q, k, table_for_kernel(cos), table_for_kernel(sin), offsets, offset,
                                   style == "interleaved", layout == "bshd")
     return q, k
 

@@ -2,8 +2,10 @@
 gradient of ``torch.nn.functional.cross_entropy(logits.float(), targets)`` (what Hugging Face
 models compute) without materialising the fp32 logits, their log-softmax or its gradient.
 
-The kernels, their launch configuration and the autograd / custom-op plumbing are in
-``kernelbench.nn.crossentropy_kernels``. ``cross_entropy_ref_fp32`` is the reference.
+``cross_entropy_ref_fp32`` is the reference.
+
+Below this file: ``function.py`` (autograd and the op torch.compile sees), ``host.py`` (launch
+configuration, checks, ``forward`` / ``backward``), ``kernels.py`` (the Triton kernels).
 """
 
 from __future__ import annotations
@@ -11,21 +13,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton_support import direct_apply, require_const, runs_here_const
-from ._triton_support import why_not_here as triton_usable
-from .crossentropy_kernels import (
-    REDUCTIONS,
-    SUPPORTED_DTYPES,
-    _check_inputs,
-    _cross_entropy_compiled,
-    _CrossEntropyFunction,
-    _forward_no_grad,
-)
+from ...fast_launch import fast_apply
+from .._triton_support import require_const, runs_here_const
+from .._triton_support import why_not_here as triton_usable
+from .function import CrossEntropyFunction, cross_entropy_compiled, forward_no_grad
+from .host import REDUCTIONS, SUPPORTED_DTYPES, check_inputs
 
 __all__ = ["IMPLS", "REDUCTIONS", "SUPPORTED_DTYPES", "cross_entropy", "cross_entropy_ref_fp32", "triton_usable"]
 
 # Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
-_cross_entropy_autograd = direct_apply(_CrossEntropyFunction)
+_cross_entropy_autograd = fast_apply(CrossEntropyFunction)
 
 
 IMPLS = ("auto", "triton", "torch")
@@ -66,7 +63,7 @@ def cross_entropy(
     compiling = torch.compiler.is_compiling()
     # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
-    _check_inputs(logits, targets, ignore_index, reduction)
+    check_inputs(logits, targets, ignore_index, reduction)
     if impl == "auto":
         runs = runs_here_const(logits.is_cuda) if compiling else triton_usable(logits) is None
         impl = "triton" if runs else "torch"
@@ -74,11 +71,11 @@ def cross_entropy(
         return cross_entropy_ref_fp32(logits, targets, ignore_index, reduction)
     if compiling:
         require_const(logits.is_cuda, "cross_entropy(impl='triton')")
-        return _cross_entropy_compiled(logits, targets, ignore_index, reduction)
+        return cross_entropy_compiled(logits, targets, ignore_index, reduction)
     why_not = triton_usable(logits)
     if why_not:
         raise ValueError(f"cross_entropy(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
     if torch.is_grad_enabled() and logits.requires_grad:
         return _cross_entropy_autograd(logits, targets, ignore_index, reduction)
     # No gradient to record: skip autograd.Function's bookkeeping.
-    return _forward_no_grad(logits, targets, ignore_index, reduction)
+    return forward_no_grad(logits, targets, ignore_index, reduction)

@@ -1,9 +1,10 @@
 """RMSNorm over the last dimension on kernelbench's Triton kernels: ``rms_norm`` and the
 ``RMSNorm`` module (a drop-in for ``torch.nn.RMSNorm``), with an optional fused residual add.
+``rmsnorm_ref_fp32`` is the fp32 reference the kernels are tested against.
 
-The kernels, their launch configurations and the autograd / custom-op plumbing are in
-``kernelbench.nn.rmsnorm_kernels``. ``rmsnorm_ref_fp32`` is the fp32 reference the kernels are
-tested against.
+Below this file: ``function.py`` (autograd and the ops torch.compile sees), ``host.py`` (launch
+configurations and plans, ``forward`` / ``backward`` on rows), ``fast_path.py`` (launch-bound
+eager calls), ``kernels.py`` (the Triton kernels and their math).
 """
 
 from __future__ import annotations
@@ -13,22 +14,16 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ._triton_support import direct_apply, require_const, runs_here
-from .autoselect import IMPLEMENTATIONS, Candidates, choose_impl
-from .rmsnorm_kernels import (
-    MAX_N,
-    SUPPORTED_DTYPES,
-    _check_inputs,
-    _forward_no_grad,
-    _rms_norm_compiled,
-    _RMSNormFunction,
-    triton_usable,
-)
+from ...fast_launch import fast_apply
+from .._triton_support import require_const, runs_here
+from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
+from .function import RMSNormFunction, forward_no_grad, rms_norm_compiled
+from .host import MAX_N, SUPPORTED_DTYPES, check_inputs, triton_usable
 
 __all__ = ["IMPLS", "MAX_N", "SUPPORTED_DTYPES", "RMSNorm", "rms_norm", "rmsnorm_ref_fp32", "triton_usable"]
 
 # Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
-_rms_norm_autograd = direct_apply(_RMSNormFunction)
+_rms_norm_autograd = fast_apply(RMSNormFunction)
 
 
 IMPLS = ("auto", "triton", "torch")
@@ -38,7 +33,7 @@ def rmsnorm_ref_fp32(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference with statistics and scaling in fp32 (fp64 inputs stay fp64), rounded once to
-    the input dtype: the math of ``kernelbench.nn.rmsnorm_kernels``."""
+    the input dtype: the math of ``kernels.py``."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     h = x.to(compute)
     if residual is not None:
@@ -77,7 +72,7 @@ def rms_norm(
     compiling = torch.compiler.is_compiling()
     # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
-    _check_inputs(x, weight, residual)
+    check_inputs(x, weight, residual)
     if eps is None:
         eps = torch.finfo(x.dtype).eps if x.dtype.is_floating_point else 0.0
     needs_grad = torch.is_grad_enabled() and (
@@ -93,14 +88,14 @@ def rms_norm(
         if x.shape[-1] > MAX_N:
             raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row "
                              "the Triton kernels take; use impl='torch' or impl='auto'")
-        return _rms_norm_compiled(x, weight, residual, float(eps))
+        return rms_norm_compiled(x, weight, residual, float(eps))
     if not runs_here(x) or x.shape[-1] > MAX_N:
         raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
     if needs_grad:
         return _rms_norm_autograd(x, weight, residual, float(eps))
     # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host
     # time in launch-bound calls).
-    y, h = _forward_no_grad(x, weight, residual, float(eps))
+    y, h = forward_no_grad(x, weight, residual, float(eps))
     return y if h is None else (y, h)
 
 

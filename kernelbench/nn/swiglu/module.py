@@ -1,9 +1,11 @@
 """The SwiGLU activation, ``silu(gate) * up``, fused in one Triton kernel forward and one
 backward: ``silu_mul``.
 
-In a Llama MLP, ``down_proj(silu_mul(gate_proj(x), up_proj(x)))``. The kernels, their launch
-configuration and the autograd / custom-op plumbing are in ``kernelbench.nn.swiglu_kernels``.
-``silu_mul_ref_fp32`` is the reference the kernels are tested against.
+In a Llama MLP, ``down_proj(silu_mul(gate_proj(x), up_proj(x)))``. ``silu_mul_ref_fp32`` is the
+reference the kernels are tested against.
+
+Below this file: ``function.py`` (autograd and the ops torch.compile sees), ``host.py`` (launch
+configuration, checks, ``forward`` / ``backward``), ``kernels.py`` (the Triton kernels).
 """
 
 from __future__ import annotations
@@ -11,29 +13,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton_support import direct_apply, require_const, runs_here, runs_here_const
-from ._triton_support import why_not_here as triton_usable
-from .swiglu_kernels import (
-    SUPPORTED_DTYPES,
-    SiluMulConfig,
-    _SiluMulFunction,
-    check_inputs,
-    default_config,
-    silu_mul_fwd,
-)
+from ...fast_launch import fast_apply
+from .._triton_support import require_const, runs_here, runs_here_const
+from .._triton_support import why_not_here as triton_usable
+from . import host
+from .function import SiluMulFunction
+from .host import SUPPORTED_DTYPES, SiluMulConfig, check_inputs, default_config
 
 __all__ = ["IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul", "silu_mul_ref_fp32",
            "triton_usable"]
 
 # Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
-_silu_mul_autograd = direct_apply(_SiluMulFunction)
+_silu_mul_autograd = fast_apply(SiluMulFunction)
 
 IMPLS = ("auto", "triton", "torch")
 
 
 def silu_mul_ref_fp32(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Reference computed in fp32 (fp64 inputs stay fp64) and rounded once to the input dtype:
-    the math of ``kernelbench.nn.swiglu_kernels``."""
+    the math of ``kernels.py``."""
     compute = torch.float64 if gate.dtype == torch.float64 else torch.float32
     return (F.silu(gate.to(compute)) * up.to(compute)).to(gate.dtype)
 
@@ -67,4 +65,4 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return _silu_mul_autograd(gate, up)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
-    return silu_mul_fwd(gate, up)
+    return host.forward(gate, up)
