@@ -17,12 +17,12 @@ import pytest
 import torch
 from triton.runtime.errors import OutOfResources
 
-from kernelbench.newton_schulz import choose_path, choose_route, classic, hopper, newton_schulz, newton_schulz_ref
-from kernelbench.newton_schulz.classic import GemmConfig, upper_tiles
-from kernelbench.newton_schulz.routing import NS_COEFFICIENTS, configs_for, sym_tile_count
+from kernelbench.newton_schulz import choose_path, choose_route, host, newton_schulz, newton_schulz_ref
+from kernelbench.newton_schulz.host import NS_COEFFICIENTS, GemmConfig, configs_for, sym_tile_count, upper_tiles
 
 # The routing module (MEASURED_ROUTES, the device name lookup).
 ns_module = importlib.import_module("kernelbench.newton_schulz.routing")
+classic, hopper = host.GEMMS["classic"], host.GEMMS["hopper"]
 
 PATHS = ("classic", "hopper")
 
@@ -36,7 +36,7 @@ def to_bf16(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> bf16 as the kernels round it here: the interpreter truncates (seen with triton
     3.9: about half the values of a random tensor land one ulp toward zero of torch's rounding);
     a GPU rounds to nearest even, as torch does."""
-    if classic.interpreting():
+    if host.interpreting():
         return (x.float().contiguous().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
     return x.to(torch.bfloat16)
 
@@ -158,17 +158,16 @@ GRAM_CONFIGS = [GemmConfig(16, 32, 16, 1, 4, 2), GemmConfig(32, 16, 16, 1, 4, 3)
 
 # TMA needs 16-byte rows, so the Hopper kernels get only shapes with sizes divisible by 8 (the
 # Hopper path refuses others: test_bad_options).
-GRAM_SHAPES = [(classic, 2, 40, 24), (classic, 1, 48, 56), (classic, 1, 33, 45),
-               (hopper, 2, 40, 24), (hopper, 1, 48, 56)]
+GRAM_SHAPES = [("classic", 2, 40, 24), ("classic", 1, 48, 56), ("classic", 1, 33, 45),
+               ("hopper", 2, 40, 24), ("hopper", 1, 48, 56)]
 
 
 @pytest.mark.parametrize("cfg", GRAM_CONFIGS, ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
-@pytest.mark.parametrize("module,batch,m,k", GRAM_SHAPES,
-                         ids=lambda v: v.__name__.rsplit(".", 1)[-1] if hasattr(v, "__name__") else str(v))
-def test_sym_gram_writes_every_element(module, cfg, batch, m, k):
+@pytest.mark.parametrize("path,batch,m,k", GRAM_SHAPES, ids=str)
+def test_sym_gram_writes_every_element(path, cfg, batch, m, k):
     x = seeded((batch, m, k), torch.float16, seed=m * k)
     out = torch.full((batch, m, m), float("nan"), dtype=torch.float16)
-    module.sym_gram(x, out, cfg)
+    host.GEMMS[path].sym_gram(x, out, cfg)
     assert_close(out, x.float() @ x.float().mT, 2e-2, 2e-3, "X X^T")
 
 
@@ -227,11 +226,11 @@ def test_smem_model_matches_the_h200_measurement():
     # The crash of the first llama-468m Muon step on an H200: the fp32 update at 128x256x64 with
     # 3 stages asked for 278552 B (24 of them mbarriers), past the 232448 B limit.
     big = GemmConfig(128, 256, 64, num_stages=3, num_warps=8)
-    assert hopper.smem_bytes("update", big, 3, out_itemsize=4) == 278552 - 24
-    assert hopper.stages_that_fit("update", big, out_itemsize=4) == 2
-    assert hopper.stages_that_fit("update", big, out_itemsize=2) == 3  # the bf16 one ran
-    assert hopper.stages_that_fit("gram", big) == 3
-    assert hopper.stages_that_fit("gram-poly", big) == 2
+    assert host.smem_bytes("update", big, 3, out_itemsize=4) == 278552 - 24
+    assert host.stages_that_fit("update", big, out_itemsize=4) == 2
+    assert host.stages_that_fit("update", big, out_itemsize=2) == 3  # the bf16 one ran
+    assert host.stages_that_fit("gram", big) == 3
+    assert host.stages_that_fit("gram-poly", big) == 2
 
 
 @pytest.mark.parametrize("out_itemsize", [2, 4], ids=["bf16-out", "fp32-out"])
@@ -244,9 +243,9 @@ def test_optimizer_shapes_fit_shared_memory(sms, out_itemsize):
         gram, upd = configs_for(m, n, batch, sms)
         for kind, cfg in (("gram", gram), ("gram-poly", gram), ("update", upd)):
             itemsize = out_itemsize if kind == "update" else 2
-            stages = hopper.stages_that_fit(kind, cfg, itemsize, hopper.SM90_SMEM_LIMIT)
-            need = hopper.smem_bytes(kind, cfg, stages, itemsize) + hopper.SMEM_RESERVE
-            assert need <= hopper.SM90_SMEM_LIMIT, f"{(batch, m, n)} {kind} {cfg}: {need} B with {stages} stages"
+            stages = host.stages_that_fit(kind, cfg, itemsize, host.SM90_SMEM_LIMIT)
+            need = host.smem_bytes(kind, cfg, stages, itemsize) + host.SMEM_RESERVE
+            assert need <= host.SM90_SMEM_LIMIT, f"{(batch, m, n)} {kind} {cfg}: {need} B with {stages} stages"
             assert stages >= 2, f"{(batch, m, n)} {kind} {cfg}: the pipeline lost its overlap"
             reduced += stages < cfg.num_stages
     assert reduced, "no launch needed fewer stages: the case that crashed is no longer exercised"
@@ -268,12 +267,12 @@ class _FakeKernel:
 
 def test_launch_retries_with_fewer_stages_and_remembers():
     kernel = _FakeKernel(fits=2)
-    classic.launch(kernel, (1,), 4, ("key",))
+    host.launch(kernel, (1,), 4, ("key",))
     assert kernel.tried == [4, 3, 2]
-    classic.launch(kernel, (1,), 4, ("key",))
+    host.launch(kernel, (1,), 4, ("key",))
     assert kernel.tried == [4, 3, 2, 2]  # the fitted count, straight away
     with pytest.raises(OutOfResources):
-        classic.launch(_FakeKernel(fits=0), (1,), 2, ("other",))
+        host.launch(_FakeKernel(fits=0), (1,), 2, ("other",))
 
 
 # -- routing and bad input ---------------------------------------------------------------------
@@ -287,7 +286,7 @@ def test_auto_routes_to_the_interpreted_kernels_on_cpu():
 def test_measured_routes_then_the_default_rule(monkeypatch):
     # Routing on a CUDA device, without one: the device name and the Hopper check are stubbed.
     monkeypatch.setattr(ns_module, "_device_name", lambda device: "NVIDIA H200")
-    monkeypatch.setattr(hopper, "unavailable_reason", lambda device, *shapes: None)
+    monkeypatch.setattr(host, "unavailable_reason", lambda device, *shapes: None)
     monkeypatch.setattr(ns_module, "MEASURED_ROUTES", {("H200", 1, 1024, 4096): ("torch", True),
                                                        ("H200", 8, 512, 512): ("classic", False)})
     assert choose_route((4096, 1024), "cuda") == ("torch", True)  # (batch, m, n) with m <= n
@@ -305,7 +304,7 @@ def test_measured_routes_then_the_default_rule(monkeypatch):
 def test_default_rule_agrees_with_the_h200_table(monkeypatch):
     # An H100 has no measured entries: the default rule must pick what the H200 measured.
     monkeypatch.setattr(ns_module, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(hopper, "unavailable_reason", lambda device, *shapes: None)
+    monkeypatch.setattr(host, "unavailable_reason", lambda device, *shapes: None)
     assert ns_module.MEASURED_ROUTES
     for (fragment, batch, m, n), route in ns_module.MEASURED_ROUTES.items():
         assert fragment == "H200"

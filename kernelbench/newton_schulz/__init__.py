@@ -3,6 +3,8 @@
     from kernelbench.newton_schulz import newton_schulz
     X = newton_schulz(G, steps=5, path="auto")   # newton_schulz.last_path / .last_graph: what ran
 
+One concern per file: ``routing.py`` (the entry point, routes, CUDA graphs, the reference),
+``host.py`` (tile configurations, launches, the iteration), ``kernels.py`` (the Triton kernels).
 Importing this package defines Triton kernels: set TRITON_INTERPRET=1 first on a machine
 without a GPU.
 """

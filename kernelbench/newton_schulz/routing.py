@@ -7,8 +7,8 @@
 in bf16 with fp32 accumulation, on a matrix (m, n) or a batch (batch, m, n); the result has the
 input's dtype and orientation. Paths:
 
-- ``classic``: pointer-load Triton GEMMs (``classic.py``), any CUDA GPU, and the interpreter.
-- ``hopper``: TMA descriptors + persistent tiles (``hopper.py``), sm_90 only.
+- ``classic``: pointer-load Triton GEMMs, any CUDA GPU, and the interpreter.
+- ``hopper``: TMA descriptors + persistent tiles, sm_90 only.
 - ``torch``: the same iteration with torch's bf16 matmul (cuBLAS).
 - ``auto``: :func:`choose_route` picks a path, and whether to replay a CUDA graph, by device
   and shape (MEASURED_ROUTES, then a default rule); ``newton_schulz.last_path`` and
@@ -21,21 +21,20 @@ host sync is the optional finiteness check, made after every kernel is queued.
 Small shapes are bound by the host, not the GPU: at 1024 x 1024 the 17 launches take several
 times longer in Python and the driver than the GPU work. There each call replays a CUDA graph
 captured once per (shape, dtype, path, stream): see _GraphedCall for what it costs and keeps.
+
+Below this file: ``host.py`` (tile configurations, launches, the iteration ``forward``) and
+``kernels.py`` (the Triton kernels and their math).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-from .._device import sm_count
-from . import classic
-from .classic import GemmConfig, interpreting
+from . import host
+from .host import NS_COEFFICIENTS, NS_EPS, interpreting
 
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-NS_EPS = 1e-7
 PATHS = ("auto", "classic", "hopper", "torch")
 INPUT_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -52,70 +51,24 @@ def newton_schulz_ref(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> t
     return X.mT if G.size(-2) > G.size(-1) else X
 
 
-# -- tile configs -----------------------------------------------------------------------------
-# Candidates, largest first. 128x256x64 with 8 warps (two warpgroups of 64x256 wgmma) and 3
-# stages (3 * (128 + 256) * 64 * 2 B = 144 KiB of shared memory) is the tile that reaches cuBLAS
-# rates on Hopper when there are enough tiles to fill the SMs; smaller tiles trade per-tile
-# efficiency for more tiles, which wins when the big tile leaves SMs idle (n <= 4096).
-# THROUGHPUT is the assumed per-SM rate of each tile relative to the largest: an estimate that
-# picked the fastest (Gram, update) pair of a full sweep on every measured shape.
-TILE_CONFIGS = (
-    GemmConfig(128, 256, 64, num_stages=3, num_warps=8),
-    GemmConfig(128, 128, 64, num_stages=4, num_warps=8),
-    GemmConfig(64, 128, 64, num_stages=4, num_warps=4),
-    GemmConfig(64, 64, 64, num_stages=4, num_warps=4),
-)
-THROUGHPUT = {(128, 256): 1.0, (128, 128): 0.85, (64, 128): 0.65, (64, 64): 0.45}
-# The interpreter: tiles small enough that test matrices of a few dozen rows span several, and
-# no smaller (the interpreter's time grows with the number of programs).
-INTERPRETER_CONFIG = GemmConfig(32, 64, 32, num_stages=1, num_warps=4, group_m=2)
-
-
-def sym_tile_count(m: int, cfg: GemmConfig) -> int:
-    """Tiles the Gram kernels launch for an m x m symmetric result (upper triangle only)."""
-    return sum(math.ceil((m - i * cfg.block_m) / cfg.block_n) for i in range(math.ceil(m / cfg.block_m)))
-
-
-def _cost(tiles: int, cfg: GemmConfig, sms: int) -> float:
-    # Waves of tiles (a partial wave costs a whole one) times the time of one tile.
-    return math.ceil(tiles / sms) * cfg.block_m * cfg.block_n / THROUGHPUT[(cfg.block_m, cfg.block_n)]
-
-
-def configs_for(m: int, n: int, batch: int, sms: int) -> tuple[GemmConfig, GemmConfig]:
-    """(Gram config, update config) for X of shape (batch, m, n) on a GPU of ``sms`` SMs, by the
-    wave model above. The stages are the most a launch uses: the Hopper kernels run fewer where
-    the output's epilogue would not fit shared memory (hopper.stages_that_fit)."""
-    gram = min(TILE_CONFIGS, key=lambda c: _cost(batch * sym_tile_count(m, c), c, sms))
-    upd = min(TILE_CONFIGS, key=lambda c: _cost(batch * math.ceil(m / c.block_m) * math.ceil(n / c.block_n), c, sms))
-    return gram, upd
-
-
-@functools.lru_cache(maxsize=256)
-def pick_configs(m: int, n: int, batch: int, device: torch.device) -> tuple[GemmConfig, GemmConfig]:
-    """configs_for on ``device`` (INTERPRETER_CONFIG for both off CUDA)."""
-    if device.type != "cuda":
-        return INTERPRETER_CONFIG, INTERPRETER_CONFIG
-    return configs_for(m, n, batch, sm_count(device))
-
-
 # -- routing ------------------------------------------------------------------------------------
-# (device-name fragment, batch, m, n) -> (path, graph), measured on the GPU: the block that
-# `python scripts/probes/muon_routes.py` prints (each comment: speed-up over torch eager). Only the
-# H200 has entries (triton 3.6.0, torch 2.11.0+cu130); on an H100, or any shape not listed, the
-# default rule in choose_route applies (Hopper kernels on sm_90, classic elsewhere; a CUDA graph
-# when batch * m * m * n <= GRAPH_MAX_WORK), which picks the same routes as this table does on
-# the H200. The batched rows are Muon's llama-468m calls; results/2026-11-22-h200-ci-suite holds
-# the op's timings.
+# (device-name fragment, batch, m, n) -> (path, graph): the fastest route per shape, the block
+# that `python scripts/tune_muon_routes.py` prints on the GPU. Only the H200 has entries (triton
+# 3.6.0, torch 2.11.0+cu130); on an H100, or any shape not listed, the default rule in
+# choose_route applies (Hopper kernels on sm_90, classic elsewhere; a CUDA graph when
+# batch * m * m * n <= GRAPH_MAX_WORK), which picks the same routes as this table does on the
+# H200. The batched rows are Muon's llama-468m calls; the op's timings:
+# results/2026-11-22-h200-ci-suite.
 MEASURED_ROUTES: dict[tuple[str, int, int, int], tuple[str, bool]] = {
-    ("H200", 1, 1024, 1024): ("hopper", True),  # 2.98x
-    ("H200", 1, 2048, 2048): ("hopper", True),  # 1.12x
-    ("H200", 1, 4096, 4096): ("hopper", False),  # 1.47x
-    ("H200", 1, 8192, 8192): ("hopper", False),  # 1.46x
-    ("H200", 1, 1024, 4096): ("hopper", True),  # 3.50x
-    ("H200", 1, 512, 2048): ("hopper", True),  # 6.18x
-    ("H200", 96, 1024, 1024): ("hopper", False),  # 1.59x
-    ("H200", 48, 1024, 4096): ("hopper", False),  # 2.28x
-    ("H200", 24, 1024, 4096): ("hopper", False),  # 1.52x
+    ("H200", 1, 1024, 1024): ("hopper", True),
+    ("H200", 1, 2048, 2048): ("hopper", True),
+    ("H200", 1, 4096, 4096): ("hopper", False),
+    ("H200", 1, 8192, 8192): ("hopper", False),
+    ("H200", 1, 1024, 4096): ("hopper", True),
+    ("H200", 1, 512, 2048): ("hopper", True),
+    ("H200", 96, 1024, 1024): ("hopper", False),
+    ("H200", 48, 1024, 4096): ("hopper", False),
+    ("H200", 24, 1024, 4096): ("hopper", False),
 }
 
 # Replay a CUDA graph of the whole call (see _GraphedCall) when batch * m * m * n is at most this.
@@ -153,9 +106,7 @@ def choose_route(shape: tuple[int, ...], device: torch.device | str) -> tuple[st
     for (fragment, bb, mm, nn), route in MEASURED_ROUTES.items():
         if fragment in name and (bb, mm, nn) == (batch, m, n):
             return route
-    from . import hopper
-
-    path = "hopper" if hopper.unavailable_reason(device, (m, n), (m, m)) is None else "classic"
+    path = "hopper" if host.unavailable_reason(device, (m, n), (m, m)) is None else "classic"
     return path, graph_by_default(shape, device)
 
 
@@ -234,7 +185,7 @@ def _run(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[torch.Tens
     """The call without a graph: (result, Frobenius norm of G or None)."""
     if path == "torch":
         return newton_schulz_ref(G.to(torch.bfloat16), steps, eps).to(G.dtype), None
-    return _newton_schulz_triton(G, steps, path, eps)
+    return host.forward(G, steps, path, eps)
 
 
 # -- CUDA graphs ----------------------------------------------------------------------------------
@@ -291,41 +242,3 @@ def _graphed_call(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[t
 def clear_graph_cache() -> None:
     """Drop every captured call and its buffers (they are recaptured on next use)."""
     _GRAPHS.clear()
-
-
-def _newton_schulz_triton(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if path == "hopper":
-        from . import hopper as kernels
-    else:
-        kernels = classic
-    squeeze = G.dim() == 2
-    G3 = G.unsqueeze(0) if squeeze else G
-    transposed = G3.size(-2) > G3.size(-1)
-    Gv = G3.mT if transposed else G3  # (batch, m, n), m <= n: a view, no copy
-    batch, m, n = Gv.shape
-    if path == "hopper":
-        reason = kernels.unavailable_reason(G.device, (m, n), (m, m))
-        if reason is not None:
-            raise ValueError(f"path 'hopper' is unavailable: {reason}")
-    gram_cfg, upd_cfg = pick_configs(m, n, batch, G.device)
-
-    norm = torch.linalg.vector_norm(Gv, dim=(-2, -1), dtype=torch.float32)
-    x = torch.empty((batch, m, n), device=G.device, dtype=torch.bfloat16)
-    classic.normalize(Gv, norm, x, eps)
-    out = torch.empty_like(G3)  # the caller's dtype and orientation
-    out_view = out.mT if transposed else out
-    if steps == 0:
-        out_view.copy_(x)
-        return (out.squeeze(0) if squeeze else out), norm
-
-    a, b, c = NS_COEFFICIENTS
-    gram = torch.empty((batch, m, m), device=G.device, dtype=torch.bfloat16)
-    poly = torch.empty_like(gram)
-    x_next = torch.empty_like(x)
-    for step in range(steps):
-        kernels.sym_gram(x, gram, gram_cfg)
-        kernels.sym_gram(gram, poly, gram_cfg, alpha=b, beta=c, fuse_poly=True)
-        last = step == steps - 1
-        kernels.update(poly, x, out_view if last else x_next, a, upd_cfg)
-        x, x_next = x_next, x
-    return (out.squeeze(0) if squeeze else out), norm

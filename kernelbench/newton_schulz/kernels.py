@@ -1,6 +1,8 @@
-"""Newton-Schulz GEMMs with pointer loads (any CUDA GPU Triton supports, and the interpreter).
+"""Newton-Schulz's Triton kernels: one quintic iteration as three GEMMs with fused epilogues, on
+pointer loads (any CUDA GPU Triton supports, and the interpreter) or, for Hopper (sm_90), on TMA
+descriptors with persistent scheduling. Host code, tile configurations and the iteration: ``host.py``.
 
-One quintic iteration on X (m x n, m <= n), with (a, b, c) = (3.4445, -4.7750, 2.0315):
+One iteration on X (m x n, m <= n), with (a, b, c) = (3.4445, -4.7750, 2.0315):
 
     A     = X X^T                 (m x m, symmetric)       -> _sym_gram_kernel, FUSE_POLY=False
     B     = b A + c A A           (m x m, symmetric)       -> _sym_gram_kernel, FUSE_POLY=True
@@ -20,29 +22,23 @@ All accumulation is fp32; operands and outputs are bf16 (the update's output may
 strided: the last iteration writes the caller's dtype and orientation directly).
 Under TRITON_INTERPRET=1 (UPCAST=True) operands are converted to fp32 before tl.dot, because the
 interpreter's bf16 dot is wrong; values are still rounded to bf16 between GEMMs, as on the GPU.
+
+The Hopper kernels (``_hopper_*``) keep the math, the tile scheme and the epilogues:
+- operands come through host-built 3-D (batch, rows, cols) TMA descriptors, so the hardware
+  zero-fills and clips at each matrix's own edge: a tile never touches the next matrix of a batch;
+- the grid is one program per SM, each walking tiles ``pid, pid + NUM_SMS, ...`` in
+  ``tl.range(..., flatten=True)``, so the pipeliner issues the next tile's loads during the
+  current tile's epilogue;
+- ``WARP_SPECIALIZE`` stays off on sm_90 (Triton offers it for Blackwell only); a Triton that
+  supports it on Hopper can switch it on in one place;
+- the Gram kernels store the direct tile by TMA; the mirrored tile is a masked pointer store,
+  since TMA stores cannot mask the diagonal block.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Tile shape and pipeline depth of one GEMM launch."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_stages: int
-    num_warps: int
-    group_m: int = 8  # rows of tiles walked together so their operands stay in L2
 
 
 @triton.jit
@@ -183,102 +179,103 @@ def _normalize_kernel(
     tl.store(x_ptr + batch * M * N + rows[:, None] * N + cols[None, :], x, mask=in_range)
 
 
-def upper_tiles(m: int, block_m: int, block_n: int, group: int) -> list[tuple[int, int]]:
-    """(row, col) element offsets of the tiles covering the upper triangle of an m x m matrix.
-
-    Row block i starts at the diagonal (col i*block_m) and steps block_n to m. The order walks
-    `group` row blocks together, column by column, so concurrent programs share operands in L2.
-    """
-    row_blocks = triton.cdiv(m, block_m)
-    tiles = []
-    for first in range(0, row_blocks, group):
-        band = []
-        for i in range(first, min(first + group, row_blocks)):
-            band += [(i * block_m, col) for col in range(i * block_m, m, block_n)]
-        tiles += sorted(band, key=lambda t: (t[1], t[0]))
-    return tiles
-
-
-@functools.lru_cache(maxsize=64)
-def _tile_table(m: int, block_m: int, block_n: int, group: int, device: torch.device) -> torch.Tensor:
-    # Built once per shape and config; the copy to the device is the only transfer.
-    table = torch.tensor(upper_tiles(m, block_m, block_n, group), dtype=torch.int32)
-    return table.to(device)
-
-
-# (kernel, key) -> the stages that fit, for launches whose first try ran out of shared memory.
-_FITTED_STAGES: dict[tuple, int] = {}
-
-
-def launch(kernel, grid: tuple[int, ...], stages: int, key: tuple, *args, **kwargs) -> None:
-    """``kernel[grid](*args, num_stages=stages, **kwargs)``; when Triton reports that the
-    compiled kernel needs more shared memory than the GPU has (OutOfResources, raised before
-    anything runs), retry with one stage fewer, and remember what fit under ``key`` (which must
-    name everything that changes the compiled kernel: config, dtypes, fused epilogues, device)."""
-    stages = _FITTED_STAGES.get((kernel, key, stages), stages)
-    first = stages
-    while True:
-        try:
-            kernel[grid](*args, num_stages=stages, **kwargs)
-            break
-        except OutOfResources:
-            if stages == 1:
-                raise
-            stages -= 1
-    if stages != first:
-        _FITTED_STAGES[(kernel, key, first)] = stages
-
-
-def interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def sym_gram(x: torch.Tensor, out: torch.Tensor, cfg: GemmConfig, alpha: float = 0.0, beta: float = 1.0,
-             fuse_poly: bool = False) -> torch.Tensor:
-    """out = X X^T, or alpha * X + beta * X X^T with fuse_poly (X square). x: (batch, M, K)."""
-    batch, m, k = x.shape
-    tiles = _tile_table(m, cfg.block_m, cfg.block_n, cfg.group_m, x.device)
-    launch(
-        _sym_gram_kernel, (tiles.shape[0], batch), cfg.num_stages, (cfg, fuse_poly, x.dtype, out.dtype, x.device),
-        x, out, tiles, m, k,
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        alpha, beta,
-        FUSE_POLY=fuse_poly, EVEN_K=k % cfg.block_k == 0, UPCAST=interpreting(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-    )
-    return out
+@triton.jit
+def _hopper_sym_gram_kernel(
+    x_rows_desc,  # TMA over X (batch, M, K), block (1, BLOCK_M, BLOCK_K): the left operand
+    x_cols_desc,  # TMA over X (batch, M, K), block (1, BLOCK_N, BLOCK_K): the right operand X^T
+    x_ptr,  # X again, for the epilogue's pointer load of its own tile (FUSE_POLY; X is square)
+    out_desc,  # TMA over out (batch, M, M), block (1, BLOCK_M, BLOCK_N): the direct tile store
+    out_ptr,  # out again, for the masked pointer store of the mirrored tile
+    tiles_ptr,  # int32 (num_tiles, 2): element offsets (row, col) of the upper tiles, in L2 order
+    num_tiles, batch, M, K,
+    stride_xb, stride_xm,  # X and out are contiguous: their column stride is 1
+    stride_ob, stride_om,
+    alpha, beta,  # FUSE_POLY: out = alpha * X + beta * X X^T
+    FUSE_POLY: tl.constexpr,
+    UPCAST: tl.constexpr,  # interpreter: tl.dot in fp32 (bf16 dot is wrong there)
+    WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for work in tl.range(tl.program_id(0), num_tiles * batch, NUM_SMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
+        b = work // num_tiles
+        tile = work - b * num_tiles
+        off_m = tl.load(tiles_ptr + 2 * tile)
+        off_n = tl.load(tiles_ptr + 2 * tile + 1)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            a = x_rows_desc.load([b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            c = x_cols_desc.load([b, off_n, off_k]).reshape(BLOCK_N, BLOCK_K)
+            if UPCAST:
+                a = a.to(tl.float32)
+                c = c.to(tl.float32)
+            acc = tl.dot(a, c.T, acc)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        in_range = (rows[:, None] < M) & (cols[None, :] < M)
+        if FUSE_POLY:
+            # A pointer load, not TMA: a TMA buffer for this tile would add 64 KiB of shared
+            # memory to the pipeline's 144 KiB and the store's 64 KiB, past Hopper's 227 KiB.
+            own_ptrs = x_ptr + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + cols[None, :]
+            own = tl.load(own_ptrs, mask=in_range, other=0.0)
+            acc = alpha * own.to(tl.float32) + beta * acc
+        out = acc.to(out_ptr.dtype.element_ty)
+        out_desc.store([b, off_m, off_n], out.reshape(1, BLOCK_M, BLOCK_N))
+        mirror = in_range & (cols[None, :] >= off_m + BLOCK_M)
+        o_base = out_ptr + b.to(tl.int64) * stride_ob
+        tl.store(o_base + cols[None, :] * stride_om + rows[:, None], out, mask=mirror)
 
 
-def update(b: torch.Tensor, x: torch.Tensor, out: torch.Tensor, coef: float, cfg: GemmConfig) -> torch.Tensor:
-    """out = coef * X + B X. b: (batch, M, M), x and out: (batch, M, N)."""
-    batch, m, n = x.shape
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), batch)
-    launch(
-        _update_kernel, grid, cfg.num_stages, (cfg, x.dtype, out.dtype, out.stride(-1) == 1, x.device),
-        b, x, out, m, n,
-        b.stride(0), b.stride(1), b.stride(2),
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        coef,
-        EVEN_K=m % cfg.block_k == 0, UPCAST=interpreting(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps,
-    )
-    return out
-
-
-def normalize(g: torch.Tensor, norm: torch.Tensor, out: torch.Tensor, eps: float) -> torch.Tensor:
-    """out (contiguous bf16) = g / (norm + eps), per batch entry; g may be any strided view."""
-    batch, m, n = g.shape
-    # 64 x 64 tiles: each side of a transposed read still touches 128-byte lines in full.
-    block = 64
-    grid = (triton.cdiv(m, block), triton.cdiv(n, block), batch)
-    _normalize_kernel[grid](
-        g, norm, out, m, n, g.stride(0), g.stride(1), g.stride(2), eps,
-        BLOCK_M=block, BLOCK_N=block, num_warps=4,
-    )
-    return out
+@triton.jit
+def _hopper_update_kernel(
+    b_desc,  # TMA over B (batch, M, M), block (1, BLOCK_M, BLOCK_K)
+    x_desc,  # TMA over X (batch, M, N), block (1, BLOCK_K, BLOCK_N): the right operand
+    x_ptr,  # X again, for the epilogue's pointer load of its own tile (saves a TMA buffer)
+    out_ptr,  # (batch, M, N) X_new = coef * X + B X, any float dtype and strides (pointer store)
+    batch, M, N,
+    stride_xb, stride_xm,  # X is contiguous: its column stride is 1
+    stride_ob, stride_om, stride_on,
+    coef,
+    UPCAST: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # rows of tiles walked together (L2 reuse of B rows and X columns)
+    NUM_SMS: tl.constexpr,
+):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tiles_m * tiles_n
+    per_group = GROUP_M * tiles_n
+    k_tiles = tl.cdiv(M, BLOCK_K)
+    for work in tl.range(tl.program_id(0), num_tiles * batch, NUM_SMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
+        b = work // num_tiles
+        tile = work - b * num_tiles
+        first_m = (tile // per_group) * GROUP_M
+        group_rows = min(tiles_m - first_m, GROUP_M)
+        off_m = (first_m + (tile % per_group) % group_rows) * BLOCK_M
+        off_n = ((tile % per_group) // group_rows) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            bm = b_desc.load([b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            xk = x_desc.load([b, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+            if UPCAST:
+                bm = bm.to(tl.float32)
+                xk = xk.to(tl.float32)
+            acc = tl.dot(bm, xk, acc)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        in_range = (rows[:, None] < M) & (cols[None, :] < N)
+        own = tl.load(x_ptr + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + cols[None, :],
+                      mask=in_range, other=0.0)
+        acc += coef * own.to(tl.float32)
+        o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_om + cols[None, :] * stride_on
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
