@@ -237,9 +237,8 @@ def smem_bytes(kind: str, cfg: GemmConfig, stages: int, out_itemsize: int = 2) -
     - "update": the output tile converted for the pointer store, at the output's element size
       (the last iteration writes fp32 when the caller's input is fp32).
 
-    Checked against the H200 (triton 3.6.0): the fp32 update at 128x256x64 with 3 stages asked
-    for 278552 B (this model: 278528, plus 24 B of barriers), the bf16 one ran; the fused Gram
-    at 128x256x64 runs with 2 stages and not 3 (229376 / 278528 here)."""
+    Checked against what Triton 3.6.0 asked for on an H200 (tests/test_muon_ns.py holds the
+    cases: the model is Triton's figure less its 24 bytes of barriers)."""
     tile = cfg.block_m * cfg.block_n
     pipeline = stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
     if kind == "gram":
