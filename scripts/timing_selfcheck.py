@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # the probes' shared helper
 
 import torch
 import triton

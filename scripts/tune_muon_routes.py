@@ -6,10 +6,10 @@ hopper), with and without a CUDA graph where the call is small enough for one to
 by the harness's loop (median, L2 flushed); one JSON line per variant (ms, speed-up over torch
 eager, relative Frobenius error against the fp32 iteration, and for graph variants whether the
 result equals the same path's direct call bit for bit), then the fastest route per shape as the
-table's entries. A variant that fails (e.g. hopper off sm_90) prints its error and the probe
+table's entries. A variant that fails (e.g. hopper off sm_90) prints its error and the script
 goes on. About a minute on an H200, most of it compiling.
 
-    python scripts/probes/muon_routes.py [--budget 300]
+    python scripts/tune_muon_routes.py [--budget 300]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=300.0, help="seconds after which shapes are skipped")
     args = parser.parse_args()
-    device = require_cuda("muon_routes")
+    device = require_cuda("tune_muon_routes")
     name = torch.cuda.get_device_name(device)
     fragment = name.split()[1] if len(name.split()) > 1 else name
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Launch configurations of kernelbench.nn.cross_entropy's row kernels, timed one by one.
 
-    python scripts/probes/xent_configs.py [--workload llama-32k --workload llama3-128k] [--rounds 2]
+    python scripts/tune_cross_entropy.py [--workload llama-32k --workload llama3-128k] [--rounds 2]
 
 For each workload of the ``cross-entropy`` op and each (block_v, num_warps, num_stages) in the
 lists below, the forward (row kernel and the row reduction, "mean") and the backward kernel are
@@ -27,7 +27,7 @@ BWD = [(4096, 8, 1), (4096, 8, 2), (8192, 16, 1), (8192, 16, 2), (16384, 32, 1),
 def main() -> None:
     # After common, which puts the checkout's kernelbench on the path.
     from kernelbench.harness.timing import TimingConfig
-    from kernelbench.nn import crossentropy_kernels as K
+    from kernelbench.nn.crossentropy import host as K
     from kernelbench.ops import get_op
     from kernelbench.ops.base import generator
 
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--workload", action="append", help="cross-entropy workloads (default: the GPU ones)")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    device = require_cuda("xent_configs")
+    device = require_cuda("tune_cross_entropy")
     op = get_op("cross-entropy")
     names = args.workload or [w.name for w in op.workloads_for("gpu")]
     timing = TimingConfig(warmup_ms=10, rep_ms=40)
@@ -45,18 +45,18 @@ def main() -> None:
         x2d, t1d = inputs["logits"], inputs["targets"]
         m, v = x2d.shape
         size = x2d.element_size()
-        want_loss, lse, n_valid = K._forward(x2d, t1d, -100, "mean")
+        want_loss, lse, n_valid = K.forward(x2d, t1d, -100, "mean")
         grad = torch.ones((), device=device)
-        want_dx = K._backward(grad, x2d, t1d, lse, n_valid, -100, "mean")
+        want_dx = K.backward(grad, x2d, t1d, lse, n_valid, -100, "mean")
         defaults = {"fwd": K.fwd_config(v), "bwd": K.bwd_config(v)}
         for direction, configs, nbytes in (("fwd", FWD, m * v * size), ("bwd", BWD, 2 * m * v * size)):
             cases = {}
             for block_v, warps, stages in configs:
                 cfg = K.XentConfig(block_v, warps, stages)
                 if direction == "fwd":
-                    run = functools.partial(K._forward, x2d, t1d, -100, "mean", config=cfg)
+                    run = functools.partial(K.forward, x2d, t1d, -100, "mean", config=cfg)
                 else:
-                    run = functools.partial(K._backward, grad, x2d, t1d, lse, n_valid, -100, "mean", config=cfg)
+                    run = functools.partial(K.backward, grad, x2d, t1d, lse, n_valid, -100, "mean", config=cfg)
                 try:
                     got = run()[0] if direction == "fwd" else run()
                     want = want_loss if direction == "fwd" else want_dx

@@ -3,7 +3,7 @@
 as ``llama-step``'s compiled candidates run it, kernels grouped by name (top N by total CUDA time),
 with the step's elapsed time beside the kernels' sum.
 
-    python scripts/probes/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
+    python scripts/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
         [--compile] [--impl triton] [--steps 3] [--rounds 1] [--gaps 10]
 
 ``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
