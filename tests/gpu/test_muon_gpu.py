@@ -1,6 +1,6 @@
 """Newton-Schulz and Muon on the GPU: bf16 accuracy of both paths at the muon-ns op's shapes,
 singular-value band, batched input, CUDA-graph replay, Muon step parity.
-Speed: `kernelbench run muon-ns`; re-measuring the routes: python scripts/probes/muon_routes.py."""
+Speed: `kernelbench run muon-ns`; re-measuring the routes: python scripts/tune_muon_routes.py."""
 
 from __future__ import annotations
 
