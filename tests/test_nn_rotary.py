@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from kernelbench.nn.rotary import apply_rotary, apply_rotary_, rotary_ref
-from kernelbench.nn.rotary import RotaryConfig, rotary_config
+from kernelbench.nn.rotary import RotaryConfig, apply_rotary, apply_rotary_, rotary_config, rotary_ref
 from kernelbench.ops.rotary import rotary_ref as hf_rotary_ref
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
