@@ -26,10 +26,10 @@ def copy_tree(dest: Path) -> Path:
 
 
 def test_an_unchanged_tree_is_bit_identical(tmp_path):
-    code, rows = run_tool(copy_tree(tmp_path / "same"), "rmsnorm", "newton-schulz")
+    code, rows = run_tool(copy_tree(tmp_path / "same"), "rmsnorm", "newton-schulz", "adamw")
     cases = [row for row in rows if "kind" in row]
     assert code == 0 and cases and all(row["equal"] for row in cases), rows
-    assert {row["kind"] for row in cases} == {"rmsnorm", "newton-schulz"}
+    assert {row["kind"] for row in cases} == {"rmsnorm", "newton-schulz", "adamw"}
 
 
 def test_a_changed_kernel_is_caught(tmp_path):

@@ -233,17 +233,3 @@ def test_structure_fallback_and_user_rules_with_weight_only_kinds():
     report = AdamMini(named_params, rules=rules, verbose=False).partition_report()
     # a weight-only kind skips the 1-D bias, which falls through to the official rules (Adam)
     assert [(r["kind"], r["n_blocks"], r["weight_decay"]) for r in report] == [("column", 48, 0.0), ("adam", 48, 0.0)]
-
-
-def test_before_after_script_runs_on_the_cpu(monkeypatch, capsys):
-    import json
-    import runpy
-    import sys
-
-    monkeypatch.setattr(sys, "argv", ["adam_mini_before_after.py", "--before", "kernelbench.optim.adam_mini",
-                                      "--workload", "llama-tiny", "--device", "cpu", "--state", "fp32",
-                                      "--rounds", "1"])
-    runpy.run_path("scripts/adam_mini_before_after.py", run_name="__main__")
-    (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
-    assert line["first_step_max_rel_diff"] == 0.0 and line["before_ms"] > 0 and line["after_ms"] > 0
-    assert line["params_identical"] and line["state_identical"] and line["check_steps"] == 3
