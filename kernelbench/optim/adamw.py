@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from ..fast_launch import CachedLauncher
-from ._sharding import check_kernel_tensor, check_like_param, local_tensor, row_shard
+from ._sharding import check_kernel_tensor, check_like_param, is_dtensor, local_tensor, row_shard
 from ._triton_utils import (
     SUPPORTED_DTYPES,
     TABLE_STRIDE,
@@ -392,7 +392,8 @@ class _LaunchPlan:
 
     def __init__(self, key: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
                  states: list[dict], amsgrad: bool) -> None:
-        device = params[0].device
+        device = self.device = params[0].device
+        self.plain = True  # every parameter a plain tensor (set by the optimizer)
         rows: list[int] = []
         program_tensor: list[int] = []
         addresses = []
@@ -420,7 +421,7 @@ class _LaunchPlan:
 
 
     def repoint_grads(self, grad_ptrs: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],
-                      labels: list[str]) -> bool:
+                      label: Callable[[int], str]) -> bool:
         """Point the table at new gradient tensors (a backward after ``zero_grad(set_to_none=True)``,
         torch's default, allocates them anew): only the gradient column is rewritten, not the
         table's per-program map, whose size grows with the parameter count. False when the plan
@@ -431,9 +432,9 @@ class _LaunchPlan:
             return False
         refuse_rebuild_while_capturing(_WHO)
         device = params[0].device
-        for p, g, label, old, new in zip(params, grads, labels, self.grad_ptrs, grad_ptrs):
+        for i, (p, g, old, new) in enumerate(zip(params, grads, self.grad_ptrs, grad_ptrs)):
             if old != new:
-                check_param_and_grad(label, p, g, device, SUPPORTED_DTYPES, _WHO)
+                check_param_and_grad(label(i), p, g, device, SUPPORTED_DTYPES, _WHO)
         column = self.table[_G.value: self.n_tensors * TABLE_STRIDE: TABLE_STRIDE]
         column.copy_(upload_int64(grad_ptrs, device))
         self.grad_ptrs = grad_ptrs
@@ -521,15 +522,27 @@ class TritonAdamW(torch.optim.Optimizer):
                 launches.append((self._plan(index, group, dtype, params), group, dtype))
         # One small launch advances its own counters; otherwise one tiny launch advances them all.
         fused_increment = len(launches) == 1 and launches[0][0].increments_steps
-        if launches:
-            with on_device(one_device((plan.table.device for plan, _, _ in launches), _WHO)):
-                if not fused_increment:
-                    self._increment_steps([plan for plan, _, _ in launches])
-                for plan, group, dtype in launches:
-                    self._launch(plan, group, dtype, fused_increment)
+        if not launches:
+            return loss
+        device = launches[0][0].device if len(launches) == 1 else one_device((p.device for p, _, _ in launches), _WHO)
+        with on_device(device):
+            if not fused_increment:
+                self._increment_steps([plan for plan, _, _ in launches])
+            for plan, group, dtype in launches:
+                self._launch(plan, group, dtype, fused_increment)
         return loss
 
     def _plan(self, index: int, group: dict, dtype: torch.dtype, params: list[torch.Tensor]) -> _LaunchPlan:
+        plan = self._plans.get((index, dtype))
+        if plan is not None and plan.plain:  # plain tensors: their own addresses (host time of small steps)
+            grads = [p.grad for p in params]
+            try:
+                key = tuple(map(torch.Tensor.data_ptr, params)) + (group["amsgrad"],)
+                grad_ptrs = tuple(map(torch.Tensor.data_ptr, grads))
+            except (RuntimeError, NotImplementedError):
+                key = None
+            if key == plan.key and plan.repoint_grads(grad_ptrs, params, grads, lambda i: self._labels[id(params[i])]):
+                return plan
         # The kernels read local tensors: a DTensor's own data_ptr() is not its data.
         local_params = [local_tensor(p) for p in params]
         local_grads = [local_tensor(p.grad) for p in params]
@@ -540,12 +553,11 @@ class TritonAdamW(torch.optim.Optimizer):
             for p, lp, g in zip(params, local_params, local_grads):
                 check_param_and_grad(self._labels[id(p)], lp, g, lp.device, SUPPORTED_DTYPES, _WHO)
             raise
-        plan = self._plans.get((index, dtype))
         if plan is not None and plan.key == key and grad_ptrs != plan.grad_ptrs:
             for p in params:
                 check_like_param(self._labels[id(p)], p, p.grad, _WHO)
         if (plan is None or plan.key != key
-                or not plan.repoint_grads(grad_ptrs, local_params, local_grads, [self._labels[id(p)] for p in params])):
+                or not plan.repoint_grads(grad_ptrs, local_params, local_grads, lambda i: self._labels[id(params[i])])):
             plan = self._plans[(index, dtype)] = self._build_plan(key, group, params)
         return plan
 
@@ -602,4 +614,6 @@ class TritonAdamW(torch.optim.Optimizer):
             local_params.append(lp)
             local_grads.append(g)
             states.append(local_state)
-        return _LaunchPlan(key, local_params, local_grads, states, bool(group["amsgrad"]))
+        plan = _LaunchPlan(key, local_params, local_grads, states, bool(group["amsgrad"]))
+        plan.plain = not any(map(is_dtensor, params))
+        return plan
