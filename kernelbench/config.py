@@ -41,6 +41,7 @@ else:  # pragma: no cover - Python 3.10
 from .harness.settings import USER_SETTINGS, Bound
 from .ops import get_op
 from .ops.base import UsageError
+from .session.plan import resolve_workload
 from .session.request import Entry
 
 SUITE_KEYS = {"name", "description", "device", *USER_SETTINGS}
@@ -152,7 +153,7 @@ def _check_names(problems: _Problems, where: str, table: dict, lists: dict[str, 
         problems.add(f"{where}: {exc}")
         return
     for name in lists.get("workloads", []):
-        check(op.workload, name)
+        check(resolve_workload, op, name)
     for name in lists.get("candidates", []) + lists.get("exclude", []):
         check(op.get_candidate, name)
     for mode in lists.get("modes", []):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..ops import get_op
-from ..ops.base import Op, UsageError, Workload
+from ..ops.base import Op, UsageError, Workload, unknown_name_error
 from ..ops.launched_op import LaunchedOp
 from .request import Entry
 
@@ -20,8 +20,19 @@ if TYPE_CHECKING:
 
 
 def resolve_workload(op: Op, name: str) -> Workload:
-    """The workload an entry names (every entry's workload names are resolved here)."""
-    return op.workload(name)
+    """The workload an entry names (every entry's workload names are resolved here): one of the
+    op's named workloads, else one written as a spec the op reads (``16384x4096:bf16`` for an op
+    that declares its dimensions, ``model:NAME`` or a parameter-list file for an optimizer op)."""
+    if name in op.workloads:
+        return op.workloads[name]
+    custom = op.custom_workload(name)
+    if custom is not None:
+        return custom
+    error = unknown_name_error(f"workload of op '{op.name}'", name, op.workloads)
+    forms = op.workload_forms()
+    if forms:
+        raise UsageError(f"{str(error).rstrip('.')}; or {forms}.")
+    raise error
 
 
 def is_launched(entry: Entry) -> bool:
