@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 # Statuses. "not-measured": a Triton kernel run in the interpreter (parity only); "suspect": a
-# figure above the device's measured ceiling, i.e. a measurement error.
+# figure above the device's measured ceiling, or the time of a result that is not one (the
+# output check failed), i.e. a measurement error.
 OK = "ok"
 ERROR = "error"
 SKIPPED = "skipped"
@@ -35,6 +36,8 @@ class Row:
     flags: str = ""
     tensor: str = ""
     message: str = ""
+    # Where the candidate came from: kernelbench, plugin:NAME (see kernelbench.ops.plugins), module:NAME.
+    source: str = "kernelbench"
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
