@@ -94,7 +94,8 @@ def stale(diffs: dict[str, TensorDiff], previous: dict[str, TensorDiff] | None) 
     names = [n for n, d in diffs.items() if not d.passed and n in previous and previous[n].passed]
     if not names:
         return []
-    return [f"{_names(names)} match the reference of the previous inputs, not of these: a cached or stale result"]
+    verb = "matches" if len(names) == 1 else "match"
+    return [f"{_names(names)} {verb} the reference of the previous inputs, not of these: a cached or stale result"]
 
 
 def clone_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

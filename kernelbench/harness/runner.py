@@ -192,7 +192,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             case = cases[name]
             try:
                 if check is not None and name in checked and round_index:
-                    case.set_step(round_index)  # fresh inputs, drawn untimed: a cached result is stale
+                    case.set_step(check.timed_step(round_index))  # fresh inputs, drawn untimed
                 sample = timer(case.run, case.prepare, per_round)
                 times[name].extend(sample.times)
                 host[name].append(sample.host_ms)
@@ -263,18 +263,21 @@ class _Verdict:
 
 
 class _OutputCheck:
-    """After each timing round, one more (untimed) call of each checked candidate, its result
-    compared with the reference's for the round's inputs. Fails on what only a result that is not
-    one does (no better than zeros, the input returned, an earlier round's result, finished on
-    another stream, inputs overwritten); a result merely outside the op's tolerance is noted and
-    left to parity, which judges tolerances."""
+    """After each timing round, one more (untimed) call of each checked candidate on inputs it has
+    not been timed on, its result compared with the reference's for them. It fails on what only a
+    result that is not one does: no better than zeros, the input returned, the result of the
+    inputs timed before (a cache), results finished on another stream (the buffer a new result
+    lands in then still holds an earlier one), inputs overwritten. A result merely outside the op's
+    tolerance is noted and left to parity, which judges tolerances.
+
+    Round r times the inputs of step 2r (fresh each round) and checks on those of step 2r + 1."""
 
     def __init__(self, op: Op, workload: Workload, mode: str, device: str, rounds: int) -> None:
         self.op, self.workload, self.mode, self.device, self.rounds = op, workload, mode, device, rounds
         self.reference = None
         self.unavailable = ""
-        self.ref: dict | None = None
-        self.previous_ref: dict | None = None
+        self.timed_ref: dict | None = None
+        self.checked_ref: dict | None = None
         self.findings: dict[str, list[str]] = {}
         self.outside: dict[str, set[str]] = {}
         try:
@@ -282,33 +285,44 @@ class _OutputCheck:
         except Exception as exc:  # the times stand; the row says why they were not checked
             self.unavailable = f"reference failed to build: {_error_message(exc)}"
 
+    @staticmethod
+    def timed_step(round_index: int) -> int:
+        return 2 * round_index
+
     def next_round(self, round_index: int) -> None:
+        """The reference's results for this round's timed and checked inputs."""
+        self.timed_ref = self.checked_ref = None
         if self.reference is None:
             return
-        self.previous_ref = self.ref
         try:
-            self.reference.set_step(round_index)
-            self.reference.prepare()
-            self.reference.run()
-            synchronize(self.device)
-            self.ref = self.reference.tensors()  # the next round's call makes new tensors: these stay
+            # Each call makes new tensors, so the first round's results stay as they are.
+            self.timed_ref = self._reference_at(self.timed_step(round_index))
+            self.checked_ref = self._reference_at(self.timed_step(round_index) + 1)
         except Exception as exc:
-            self.reference, self.ref = None, None
+            self.reference, self.timed_ref, self.checked_ref = None, None, None
             self.unavailable = f"reference failed at round {round_index}: {_error_message(exc)}"
+
+    def _reference_at(self, step: int) -> dict:
+        self.reference.set_step(step)
+        self.reference.prepare()
+        self.reference.run()
+        synchronize(self.device)
+        return self.reference.tensors()
 
     def after_round(self, name: str, case, round_index: int) -> None:
         findings = self.findings.setdefault(name, [])
         self.outside.setdefault(name, set())
-        if self.ref is None:
+        if self.checked_ref is None:
             return
         cand = self.op.get_candidate(name)
+        case.set_step(self.timed_step(round_index) + 1)
         case.prepare()
         call = observe(case, self.device)
-        diffs = self._compare(cand, self.ref, call.tensors)
+        diffs = self._compare(cand, self.checked_ref, call.tensors)
         new = list(call.findings) + passthrough(call, diffs)
+        if any(not d.passed for d in diffs.values()):
+            new += stale(diffs, self._compare(cand, self.timed_ref, call.tensors))
         new += [f"'{n}': {d.why}" for n, d in diffs.items() if not d.beats_zero or d.nan_mismatch]
-        if self.previous_ref is not None and any(not d.passed for d in diffs.values()):
-            new += stale(diffs, self._compare(cand, self.previous_ref, call.tensors))
         for text in new:
             if text not in findings:
                 findings.append(f"round {round_index}: {text}")
@@ -325,18 +339,18 @@ class _OutputCheck:
         return out
 
     def verdict(self, name: str) -> _Verdict:
-        if self.unavailable and name not in self.findings:
+        if self.unavailable and not self.findings.get(name):
             return _Verdict(True, [], f"not checked: {self.unavailable}")
         findings = self.findings.get(name, [])
-        fresh = "fresh inputs each round" if self.rounds > 1 else "one round (no fresh inputs)"
-        what = (f"{fresh}; after each of {self.rounds} round(s) one more call's result, read after a device "
-                "synchronisation, checked against the reference")
+        fresh = f"fresh inputs each of {self.rounds} rounds" if self.rounds > 1 else "one round"
+        what = (f"{fresh}; after each, one more call on other inputs, its result read after a device "
+                "synchronisation and checked against the reference")
         if findings:
             return _Verdict(False, findings, f"{what}: " + "; ".join(findings))
         outside = sorted(self.outside.get(name, ()))
         note = (f"; outside the op's tolerance for {', '.join(outside)} on these inputs (parity judges tolerances)"
                 if outside else "")
-        return _Verdict(True, [], what + ": a result of these inputs" + note)
+        return _Verdict(True, [], what + ": a result of its inputs" + note)
 
 
 def _host_row(op: Op, workload: Workload, mode: str, name: str, times: list[float] | str,

@@ -95,6 +95,9 @@ def load(spec: str, origin: str = "--plugin", base: Path | None = None) -> Plugi
     Loading the same one twice is a no-op that returns its first record."""
     if not isinstance(spec, str) or not spec.strip():
         raise UsageError(f"{origin} {spec!r}: expected a path to a .py file or a module name")
+    from . import load_all
+
+    load_all()  # what the plugin finds already there is not its own
     spec = spec.strip()
     if spec.endswith(".py") or os.sep in spec or "/" in spec:
         path = Path(spec)
@@ -120,9 +123,6 @@ def load(spec: str, origin: str = "--plugin", base: Path | None = None) -> Plugi
 
 
 def load_many(specs, origin: str = "--plugin", base: Path | None = None) -> list[Plugin]:
-    from . import load_builtin
-
-    load_builtin()
     return [load(spec, origin, base) for spec in specs or ()]
 
 
