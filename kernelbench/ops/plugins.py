@@ -56,6 +56,10 @@ class Plugin:
         where = f"{self.origin} {self.target}" + (f" from {self.distribution}" if self.distribution else "")
         return f"plugin '{self.name}' ({where})"
 
+    def error_line(self) -> str | None:
+        """The one line that names this plugin and why it did not load (None if it loaded)."""
+        return f"{self.describe()}: {self.error}" if self.error else None
+
     def as_dict(self) -> dict:
         return asdict(self) | {"source": self.source}
 
@@ -67,7 +71,12 @@ _entry_points_loaded = False
 
 def errors() -> list[str]:
     """One line per plugin that did not load."""
-    return [f"{p.describe()}: {p.error}" for p in PLUGINS.values() if p.error]
+    return [p.error_line() for p in PLUGINS.values() if p.error]
+
+
+def installed() -> list[Plugin]:
+    """The installed plugins (entry points) this process tried."""
+    return [p for p in PLUGINS.values() if p.origin == "entry point"]
 
 
 def records() -> list[dict]:

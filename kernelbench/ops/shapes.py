@@ -141,8 +141,8 @@ def sweep_texts(op_name: str, dims: Dims, sweep: str, base: str) -> list[str]:
 
 # -- optimizer ops ---------------------------------------------------------------------------------
 MODEL_PREFIX = "model:"
-PARAMS_HELP = ("model:NAME (the parameters of a kernelbench.models config) or a file of parameters, one "
-               "'NAME SHAPE' per line (e.g. 'layers.0.mlp_up 4096x1024'; 'dim = 1024' sets a hyperparameter)")
+PARAMS_HELP = ("model:NAME (the parameters of a kernelbench.models config) or a FILE of 'NAME SHAPE' lines "
+               "(e.g. 'mlp_up 4096x1024')")
 
 
 @dataclass
@@ -188,18 +188,20 @@ def parse_param_file(path: Path) -> ParamList:
 
 
 def model_param_list(name: str) -> ParamList:
-    """The parameters of model ``name`` of the model grid, with the geometry optimizers read."""
-    from ..models import CONFIGS  # imports torch: only when a model is asked for
+    """The parameters of model ``name`` of the model grid (names and order as the model has them,
+    built on the meta device), with the geometry optimizers read."""
+    import torch  # only when a model is asked for
+
+    from ..models import CONFIGS, Llama
     from .base import unknown_name_error
-    from .optim_workloads import llama_shapes
 
     if name not in CONFIGS:
         raise unknown_name_error("model (-w model:NAME)", name, CONFIGS)
-    c = CONFIGS[name]
-    shapes = llama_shapes(c.vocab_size, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.intermediate)
-    if c.tie_embeddings:
-        shapes = [s for s in shapes if s[0] != "lm_head.weight"]
-    return ParamList(shapes, {"dim": c.hidden, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads})
+    config = CONFIGS[name]
+    with torch.device("meta"):
+        model = Llama(config)
+    shapes = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    return ParamList(shapes, {"dim": config.hidden, "n_heads": config.n_heads, "n_kv_heads": config.n_kv_heads})
 
 
 def param_workload(op_name: str, text: str, extra: Mapping[str, Any] | None = None, seed: int = 0) -> Workload | None:
