@@ -45,7 +45,8 @@ class Exit(IntEnum):
 
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 a parity check failed (train: a candidate left the band); 2 usage or config error; "
+    "Exit codes: 0 ok; 1 a parity check failed, or a timed result was not one (train: a candidate left the band); "
+    "2 usage or config error; "
     "3 regression found by compare; 4 nothing that was asked for could run here; "
     "130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (the report is closed and says so)."
 )

@@ -70,6 +70,20 @@ def test_timing_fails_each_broken_candidate_and_marks_its_time(broken):
     assert sorted(summary.failures) == sorted(f"rmsnorm/64x256-fp32/fwd/{n} (timed result)" for n in VERDICTS)
 
 
+def test_a_timed_result_that_is_not_one_fails_the_run_apart_from_parity(broken, tmp_path):
+    """The session's outcome names it (exit 1 in the CLI), the tally counts it, junit.xml lists it."""
+    from kernelbench.session import Entry, OutputSettings, RunRequest, Session, Status
+
+    entry = Entry("rmsnorm", ["64x256-fp32"], ["torch-eager", "broken-zeros"], ["fwd"])
+    outcome = Session().run(RunRequest("run", "rmsnorm", bench=(entry,), device="cpu", timing=FAST,
+                                       output=OutputSettings(tmp_path)))
+    assert outcome.status is Status.PARITY_FAILED
+    assert outcome.message == "a timed result is not one: rmsnorm/64x256-fp32/fwd/broken-zeros"
+    assert outcome.tally.line() == "1 ok, 1 failed, 0 skipped, 1 suspect"
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'classname="kernelbench.timed-result.rmsnorm" name="64x256-fp32/fwd/broken-zeros"><failure' in junit
+
+
 def test_the_check_uses_inputs_other_than_the_timed_ones(broken):
     """Even with one round, the checked call sees inputs the timed calls did not: a result
     computed once and returned since is named as what it is."""

@@ -91,7 +91,7 @@ class Status(enum.Enum):
 
     COMPLETE = "complete"
     NOTHING_MEASURED = "nothing measured"  # ran, but only in the Triton interpreter: no times
-    PARITY_FAILED = "parity failed"  # a check failed (train: a candidate left the band)
+    PARITY_FAILED = "parity failed"  # a check failed, parity's or a timed result's (train: left the band)
     NOTHING_RAN = "nothing ran"  # nothing that was asked for could run here
     INTERRUPTED = "interrupted"  # SIGINT / SIGTERM / SIGHUP: the report is closed and says so
 
