@@ -62,6 +62,10 @@ def observe(case, device: str) -> Call:
             call.findings.append(
                 f"{_names(late)} changed after the call returned: written on a stream the caller's stream does "
                 "not wait for, so the next kernel on it reads unfinished results")
+        # The allocator may hand these blocks to the next call's results: with this call's results
+        # still in them, a later result written too late would read back as if it were on time.
+        for copy in on_stream.values():
+            copy.fill_(float("nan") if copy.is_floating_point() else -1)
     if before:
         allowed = getattr(case, "inplace_inputs", frozenset())
         after = input_tensors()

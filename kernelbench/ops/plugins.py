@@ -193,8 +193,7 @@ def _load(plugin: Plugin, do_import, module: str, key: str | None = None) -> Plu
         return plugin
     # What it registered: new names since the import started, and anything registered from its
     # package earlier (a test that imported the module before the registry loaded plugins).
-    package = module.split(".")[0] if not module.startswith("kernelbench_plugin_") else module
-    after = _snapshot()
+    package = module.rpartition(".")[0] or module  # my_kernels.plugin -> my_kernels
     for name, op in REGISTRY.items():
         if name not in before or _belongs(op.module, package):
             op.source = plugin.source
@@ -204,7 +203,7 @@ def _load(plugin: Plugin, do_import, module: str, key: str | None = None) -> Plu
             if new or _belongs(cand.module, package):
                 cand.source = plugin.source
                 plugin.candidates.append(f"{name}/{cand_name}")
-    if not plugin.ops and not plugin.candidates and after == before:
+    if not plugin.ops and not plugin.candidates:
         plugin.error = ("registers no op and no candidate (a plugin declares ops with FunctionOp(...) / "
                         "OptimizerOp(...) or registers candidates with @op.candidate(...) when imported)")
     return plugin

@@ -29,6 +29,6 @@ def test_add_silu_parity_at_gpu_sizes():
 
 @pytest.mark.parametrize("candidate", ["my-triton", "triton"])
 def test_rmsnorm_trains_like_torchs_in_llama_7m(candidate):
-    result = assert_trains_like("rmsnorm", candidate, steps=150, device="cuda")
+    result = assert_trains_like("rmsnorm", candidate, steps=100, ref_seeds=2, device="cuda")
     final = result.outcomes[-1].verdict.final
     print(f"{candidate}: final loss {final:.4f}, band {result.band.low:.4f}..{result.band.high:.4f}")
