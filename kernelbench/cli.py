@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from .harness.settings import DEFAULT_TIMING, PARITY_STEPS, USER_SETTINGS, Bound
-from .ops import load_all
+from .ops import load_builtin
 from .ops.base import UsageError
 from .report.output import Format, Output
 from .session import Listener, Outcome, Session, Status, TrainRequest
@@ -28,6 +28,7 @@ from .session.options import (
     RunOptions,
     check_fsdp,
     check_train,
+    load_plugins,
     op_option_help,
     parity_request,
     run_request,
@@ -44,7 +45,8 @@ class Exit(IntEnum):
 
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 a parity check failed (train: a candidate left the band); 2 usage or config error; "
+    "Exit codes: 0 ok; 1 a parity check failed, or a timed result was not one (train: a candidate left the band); "
+    "2 usage or config error; "
     "3 regression found by compare; 4 nothing that was asked for could run here; "
     "130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (the report is closed and says so)."
 )
@@ -145,6 +147,12 @@ FormatOpt = Annotated[Format, typer.Option(
     "--format", case_sensitive=False,
     help="table (text), markdown, json (an array of objects, one per row, each naming its table) or csv. "
          "With json / csv, stdout carries only that; notes go to stderr.")]
+PluginOpt = Annotated[list[str] | None, typer.Option(
+    "--plugin", help="Load ops and candidates from path/to/file.py or a module name (repeatable); installed "
+                     "packages' kernelbench.plugins entry points load without it.")]
+SweepOpt = Annotated[str | None, typer.Option(
+    "--sweep", help="Sweep one dimension of the op (see list --workloads): N=256..65536 (doubling) or "
+                    "N=256,1000,4096, around the one -w shape given, else around the op's example shape.")]
 ParityDetailOpt = Annotated[str | None, typer.Option(
     "--parity-detail",
     help="worst: per-tensor parity rows only for failing tensors and the 3 worst per measure; full: every tensor "
@@ -156,33 +164,38 @@ def _timing_help(key: str, what: str) -> str:
     return f"{what}, {bound.words()} [default: {getattr(DEFAULT_TIMING, key):g}, or the suite's]."
 
 
+# Help text names kernelbench's own ops: --help loads no plugin.
 def _layer_ops() -> str:
-    return ", ".join(op.name for op in load_all().values() if op.model_layer)
+    return ", ".join(op.name for op in load_builtin().values() if op.model_layer)
 
 
 def _optimizer_ops() -> str:
-    return ", ".join(op.name for op in load_all().values() if op.kind == "optimizer")
+    return ", ".join(op.name for op in load_builtin().values() if op.kind == "optimizer")
 
 
 # ------------------------------------------------------------------------------------------------
 @app.command("list", epilog=EXIT_CODES_HELP)
 def list_cmd(device: DeviceOpt = "auto",
              workloads: Annotated[bool, typer.Option("--workloads", help="Also list each op's workloads (tier, modes, "
-                                                                         "seed).")] = False,
-             fmt: FormatOpt = Format.table) -> None:
+                                                                         "seed) and how -w may write others (the "
+                                                                         "op's dimensions).")] = False,
+             fmt: FormatOpt = Format.table,
+             plugin: PluginOpt = None) -> None:
     """Every op and candidate, and whether it can run here (and if not, why).
 
     "runs here" comes from the installed packages and, only where an NVIDIA device node exists
     (/dev/nvidia*) or with --device cuda, a CUDA probe (GPU count, compute capability): on a
     machine without a GPU, list imports neither torch nor CUDA."""
-    from .session.catalog import candidate_rows, list_device, workload_rows
+    from .session.catalog import candidate_rows, list_device, workload_form_rows, workload_rows
 
     out = Output(fmt)
     with usage_errors(out):
         dev = list_device(device)
+        load_plugins(plugin, Shown(out))
     out.table(f"kernelbench candidates (device: {dev})", candidate_rows(dev), name="candidates")
     if workloads:
         out.table("workloads", workload_rows(), name="workloads")
+        out.table("workloads written on the command line", workload_form_rows(), name="workload_forms")
     out.flush()
     from .ops import LOAD_ERRORS
 
@@ -247,13 +260,17 @@ def run(
     gather_group: Annotated[bool | None, typer.Option("--gather-group/--no-gather-group",
                                                          help=op_option_help("--gather-group"))] = None,
     seed: SeedOpt = None,
+    sweep: SweepOpt = None,
+    plugin: PluginOpt = None,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
 
     Without an op: the suite given by --config, else configs/ci.toml on a CUDA machine and
     configs/quick.toml without one. Timing options (--rounds, --rep-ms, --warmup-ms, --cuda-graph,
     --no-flush-l2) override the suite's; options that choose what runs (-c, -w, -m, --state,
-    --telemetry, --parity-steps) need an op. `dist-adamw` is multi-process:
+    --telemetry, --parity-steps, --sweep) need an op. -w also takes a workload written as a shape
+    (16384x4096:bf16) or, for optimizer ops, model:NAME or a parameter-list file (list --workloads
+    says which op takes what). `dist-adamw` is multi-process:
     `kernelbench run dist-adamw --nproc 2` starts the ranks through torch.distributed.run and compares
     ShardedAdamW with all-reduce + torch fused AdamW; it takes -w, --device, -o, --format and the
     dist-adamw options only."""
@@ -263,7 +280,7 @@ def run(
         op=op, config=config, candidates=candidate, workloads=workload, modes=mode, state=state,
         cuda_graph=cuda_graph or None, warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds,
         flush_l2=False if no_flush_l2 else None, parity_steps=parity_steps, telemetry=telemetry or None,
-        seed=seed, parity_detail=parity_detail, device=device, output_dir=output_dir,
+        seed=seed, parity_detail=parity_detail, sweep=sweep, plugins=plugin, device=device, output_dir=output_dir,
         op_options={flag: value for flag, value in launched.items() if value is not None})
     with usage_errors(out):
         request = run_request(options, Shown(out))
@@ -288,6 +305,8 @@ def parity(
     seed: SeedOpt = None,
     fsdp: FsdpOpt = False,
     nproc: NprocOpt = None,
+    sweep: SweepOpt = None,
+    plugin: PluginOpt = None,
 ) -> None:
     """Check every runnable candidate against the op's reference from identical seeded inputs.
 
@@ -298,7 +317,8 @@ def parity(
     with usage_errors(out):
         request = parity_request(op, steps=steps, atol=atol, rtol=rtol, candidates=candidate, workloads=workload,
                                  modes=mode, state=state, device=device, output_dir=output_dir,
-                                 parity_detail=parity_detail, seed=seed, fsdp=fsdp, nproc=nproc)
+                                 parity_detail=parity_detail, seed=seed, fsdp=fsdp, nproc=nproc,
+                                 sweep=sweep, plugins=plugin, listener=Shown(out))
     _run_and_print(out, request)
 
 
@@ -406,9 +426,12 @@ def train_cmd(
     fmt: FormatOpt = Format.table,
     fsdp: FsdpOpt = False,
     nproc: NprocOpt = None,
+    plugin: PluginOpt = None,
 ) -> None:
     """Train a small Llama-style model with every candidate of OP (same weights, same batches) and
     judge each final loss against the band of the reference's seed-to-seed spread; exit 1 when one fails.
+    A layer op's own candidates (a plugin's by default, any named with -c) replace that one layer
+    of torch's layers.
 
     With --fsdp the candidates train with the model sharded by FSDP2's fully_shard over --nproc
     ranks, each rank an equal share of every batch (--batch a multiple of --nproc); the reference
@@ -418,8 +441,8 @@ def train_cmd(
         request = TrainRequest(op, device=device, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,
                                rtol=rtol, ref_seeds=ref_seeds, candidates=candidate,
                                tags={"state": state} if state else {}, output=OutputSettings(output_dir),
-                               fsdp_nproc=check_fsdp(fsdp, nproc))
-        check_train(request)
+                               fsdp_nproc=check_fsdp(fsdp, nproc), plugins=plugin)
+        check_train(request, Shown(out))
     shown = Shown(out)
     with usage_errors(out), shown.spinner():
         outcome = Session(shown).train(request)

@@ -2,6 +2,7 @@
 
     [suite]                      # all keys optional; the defaults are harness.settings.TimingConfig's
     device = "cuda"              # cpu | cuda | auto
+    plugins = ["my_kernels.py"]  # --plugin for the suite: .py files (relative to this file) or modules
     warmup_ms = 10
     rep_ms = 50
     rounds = 2                   # interleaved rounds per workload
@@ -10,7 +11,8 @@
 
     [[bench]]                    # one table per op to time
     op = "adamw"
-    workloads = ["single-4096x1024"]   # default: the tier of the device
+    workloads = ["single-4096x1024"]   # default: the tier of the device; shapes too ("4096x1024:bf16")
+    sweep = "N=256..65536"             # one dimension swept around the one workload given (or the op's example)
     candidates = ["torch-fused"]       # default: every candidate (after tags)
     exclude = ["torch-compile"]        # drop these from the default
     modes = ["fwd"]                    # default: every mode of the op
@@ -29,7 +31,7 @@ what is accepted; every one in the file is reported at once.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,12 @@ else:  # pragma: no cover - Python 3.10
 from .harness.settings import USER_SETTINGS, Bound
 from .ops import get_op
 from .ops.base import UsageError
+from .ops.plugins import Plugin
+from .session.plan import check_sweep, resolve_workload
 from .session.request import Entry
 
-SUITE_KEYS = {"name", "description", "device", *USER_SETTINGS}
-ENTRY_KEYS = {"op", "workloads", "candidates", "exclude", "modes", "tags"}
+SUITE_KEYS = {"name", "description", "device", "plugins", *USER_SETTINGS}
+ENTRY_KEYS = {"op", "workloads", "candidates", "exclude", "modes", "tags", "sweep"}
 PARITY_KEYS = ENTRY_KEYS | {"steps", "atol", "rtol"}
 TOP_KEYS = {"suite", "bench", "parity"}
 DEVICES = ("cpu", "cuda", "auto")
@@ -60,6 +64,7 @@ class Suite:
     settings: dict[str, Any]
     bench: list[Entry]
     parity: list[Entry]
+    plugins: list[Plugin] = field(default_factory=list)  # those [suite].plugins names, loaded or not
 
 
 class _Problems:
@@ -116,6 +121,8 @@ def _entry(problems: _Problems, where: str, table: Any, allowed: set[str]) -> En
     for key in ("atol", "rtol"):
         if key in table:
             problems.bounded(where, key, table[key], (int, float), Bound(0))
+    if "sweep" in table:
+        problems.typed(where, "sweep", table["sweep"], str)
     tags = table.get("tags", {})
     if not isinstance(tags, dict):
         problems.add(f"{where}: tags = {tags!r}: expected a table like {{ state = \"fp8\" }}")
@@ -126,7 +133,7 @@ def _entry(problems: _Problems, where: str, table: Any, allowed: set[str]) -> En
         _check_names(problems, where, table, lists, tags)
     if len(problems.items) > before:
         return None
-    entry = Entry(op=table["op"], tags=dict(tags or {}))
+    entry = Entry(op=table["op"], tags=dict(tags or {}), sweep=table.get("sweep"))
     for key, value in lists.items():
         setattr(entry, key, value)
     if "steps" in table:
@@ -151,8 +158,15 @@ def _check_names(problems: _Problems, where: str, table: dict, lists: dict[str, 
     except UsageError as exc:
         problems.add(f"{where}: {exc}")
         return
-    for name in lists.get("workloads", []):
-        check(op.workload, name)
+    if isinstance(table.get("sweep"), str):
+        if len(lists.get("workloads", [])) > 1:
+            problems.add(f"{where}: sweep takes at most one workload, the shape it varies; got "
+                         f"{', '.join(lists['workloads'])}")
+        else:
+            check(check_sweep, op, table["sweep"], lists.get("workloads"))
+    else:
+        for name in lists.get("workloads", []):
+            check(resolve_workload, op, name)
     for name in lists.get("candidates", []) + lists.get("exclude", []):
         check(op.get_candidate, name)
     for mode in lists.get("modes", []):
@@ -196,12 +210,27 @@ def load_suite(path: Path) -> Suite:
     if "device" in settings and problems.typed("[suite]", "device", settings["device"], str) \
             and settings["device"] not in DEVICES:
         problems.add(f"[suite].device = {settings['device']!r}: accepted: {', '.join(DEVICES)}")
+    loaded = _plugins(problems, settings)
     bench = [_entry(problems, f"[[bench]] #{i + 1}", t, ENTRY_KEYS) for i, t in enumerate(tables["bench"])]
     parity = [_entry(problems, f"[[parity]] #{i + 1}", t, PARITY_KEYS) for i, t in enumerate(tables["parity"])]
     if not bench and not parity and not problems.items:
         problems.add("no [[bench]] or [[parity]] table: nothing to run")
     problems.raise_any()
-    return Suite(path, settings, bench, parity)
+    return Suite(path, settings, bench, parity, loaded)
+
+
+def _plugins(problems: _Problems, settings: dict) -> list[Plugin]:
+    """The suite's plugins (paths relative to its file), loaded before its tables name their ops;
+    one that does not load is reported by the session, not a problem of the file."""
+    if "plugins" not in settings or not problems.str_list("[suite]", "plugins", settings["plugins"]):
+        return []
+    from .ops import plugins
+
+    try:
+        return plugins.load_many(settings["plugins"], origin=f"suite {problems.path}", base=problems.path.parent)
+    except UsageError as exc:
+        problems.add(f"[suite].plugins: {exc}")
+        return []
 
 
 def configs_dir() -> Path:

@@ -8,7 +8,8 @@
 #   scripts/gpu_run.sh "kbat:.before/f6f0b73:run rmsnorm -w host-8x4096"  # the same from another tree
 # Peer packages (adam-mini, liger-kernel, adafactor8bit) travel as wheels in .whl/ (carried).
 # The copy of the tree there has no .git: prefix the call with KERNELBENCH_GIT_SHA=<commit> so
-# the reports record which commit they measured.
+# the reports record which commit they measured. A PYTHONPATH given to the call is kept (a plugin's
+# source folder, e.g. PYTHONPATH=$PWD/examples/my_rmsnorm/src, loaded with --plugin my_rmsnorm.plugin).
 set -uo pipefail
 OUT=${OUT:-/tmp/kb-out}
 WORK=/tmp/kb
@@ -17,7 +18,7 @@ mkdir -p "$OUT" "$WORK/reports" "$WORK/logs"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 

@@ -27,3 +27,34 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture
+def registry_sandbox():
+    """Whatever a test registers (plugins, scratch candidates) is gone after it, and the sources
+    of what was there are restored: the registry is process-wide."""
+    import sys
+
+    from kernelbench.ops import load_all, plugins
+    from kernelbench.ops.base import REGISTRY
+
+    load_all()
+    ops = dict(REGISTRY)
+    candidates = {name: dict(op.candidates) for name, op in ops.items()}
+    sources = {name: (op.source, {c: cand.source for c, cand in op.candidates.items()}) for name, op in ops.items()}
+    tried = dict(plugins.PLUGINS)
+    modules = set(sys.modules)
+    yield REGISTRY
+    REGISTRY.clear()
+    REGISTRY.update(ops)
+    for name, op in ops.items():
+        op.candidates.clear()
+        op.candidates.update(candidates[name])
+        op.source = sources[name][0]
+        for cand_name, source in sources[name][1].items():
+            op.candidates[cand_name].source = source
+    plugins.PLUGINS.clear()
+    plugins.PLUGINS.update(tried)
+    for name in set(sys.modules) - modules:
+        if name.startswith("kernelbench_plugin_"):
+            del sys.modules[name]

@@ -11,9 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ["kernelbench.optim", "kernelbench.nn", "kernelbench.newton_schulz", "kernelbench.models",
            "kernelbench.fast_launch"]
-# Modules of the op layer that declare no op (the vocabulary and the op kinds).
+# Modules of the op layer that declare no op (the vocabulary, the op kinds, workloads written as
+# shapes, the plugin loader).
 OP_INFRASTRUCTURE = {"kernelbench.ops", "kernelbench.ops.base", "kernelbench.ops.function_op",
-                     "kernelbench.ops.launched_op", "kernelbench.ops.optimizer_op", "kernelbench.ops.optim_workloads"}
+                     "kernelbench.ops.launched_op", "kernelbench.ops.optimizer_op", "kernelbench.ops.optim_workloads",
+                     "kernelbench.ops.shapes", "kernelbench.ops.plugins"}
 ABOVE_HARNESS = ("kernelbench.session", "kernelbench.report", "kernelbench.cli", "kernelbench.config",
                  "kernelbench.train")
 

@@ -77,7 +77,7 @@ def test_parity_failure_names_the_first_failing_step(scratch_op):
     summary = run_parity(plan, "cpu", sink, steps=3)
     checks = {r["candidate"]: r for r in sink.rows if r["metric"] == "parity"}
     assert checks["good"]["status"] == "pass"
-    assert checks["wrong"]["status"] == "fail" and "y (step 0)" in checks["wrong"]["message"]
+    assert checks["wrong"]["status"] == "fail" and "y (step 0: 64 of 64 elements outside" in checks["wrong"]["message"]
     assert checks["raises"]["status"] == "error"
     assert summary.parity_failures == 2 and summary.parity_checks == 3
     first = [r for r in sink.rows if r["candidate"] == "wrong" and r["metric"] == "parity_first_failed_step"]

@@ -246,7 +246,7 @@ def test_cli_train_exit_4_when_the_reference_cannot_run(tmp_path, monkeypatch):
     (["adamw", "--model", "llama-huge"], "unknown model 'llama-huge'"),
     (["adamw", "--steps", "0"], "--steps 0"),
     (["adamw", "-c", "nope"], "unknown candidate of op 'adamw' 'nope'"),
-    (["rmsnorm", "-c", "nope"], "Valid: kernelbench, liger, torch"),
+    (["rmsnorm", "-c", "nope"], "Valid: auto, kernelbench, liger,"),  # the layer sets and the op's candidates
     (["adam-mini", "--state", "fp4"], "accepted: fp32, bf16, fp8"),
 ])
 def test_cli_train_usage_errors(args, match, tmp_path):

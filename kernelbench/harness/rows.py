@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 # Statuses. "not-measured": a Triton kernel run in the interpreter (parity only); "suspect": a
-# figure above the device's measured ceiling, i.e. a measurement error.
+# figure above the device's measured ceiling, or the time of a result that is not one (the
+# output check failed), i.e. a measurement error.
 OK = "ok"
 ERROR = "error"
 SKIPPED = "skipped"
@@ -35,6 +36,8 @@ class Row:
     flags: str = ""
     tensor: str = ""
     message: str = ""
+    # Where the candidate came from: kernelbench, plugin:NAME (see kernelbench.ops.plugins), module:NAME.
+    source: str = "kernelbench"
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -52,7 +55,8 @@ class RowSink(Protocol):
 
 
 # The rows that are one result each: a candidate's time and a parity check; any other row that
-# errored (memory, telemetry, a launch's teardown) is a result of its own.
+# errored (memory, telemetry, a launch's teardown) is a result of its own, and so is a failed check
+# of a timed result (its time is suspect; the check is what failed).
 RESULT_METRICS = ("time_median_ms", "parity")
 
 
@@ -72,7 +76,8 @@ class Tally:
         counts = dict.fromkeys(("ok", "failed", "skipped", "not_measured", "suspect"), 0)
         for row in rows:
             row = row.as_dict() if isinstance(row, Row) else row
-            if row["metric"] not in RESULT_METRICS and row["status"] != ERROR:
+            if row["metric"] not in RESULT_METRICS and row["status"] != ERROR \
+                    and not (row["metric"] == "output_check" and row["status"] == FAIL):
                 continue
             counts[_TALLIED[row["status"]]] += 1
         return cls(**counts)

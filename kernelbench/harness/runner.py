@@ -3,6 +3,11 @@
 The runner knows the :class:`~kernelbench.ops.base.Op` interface and nothing of any op. Rows go
 to a ``sink`` (the report writer) as soon as they exist, so an interrupted run keeps them. One
 candidate that raises, or runs out of memory, becomes an ``error`` row; the others still run.
+
+Both parity and timing run the guards of :mod:`.guards`. Timing draws fresh inputs each round for
+pure cases (functions of their inputs) and checks the timed candidate's result against the
+reference after each round, so that a result that is not one (zeros, the input, an earlier
+result, one finished on a side stream) is an ``output_check`` failure, not a fast time.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import torch
 
 from ..ops.base import Candidate, Op, Tolerance, UsageError, Workload
 from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
+from .guards import Call, observe, passthrough, stale, synchronize
 from .memory import peak_memory_delta
-from .parity import ParityTracker
+from .parity import ParityTracker, TensorDiff, compare_tensors
 from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, Row, RowSink
 from .settings import DEFAULT_PARITY_DETAIL, PARITY_DETAIL
 from .stats import Stats, summarize
@@ -69,7 +75,9 @@ def resolve_device(requested: str | None) -> str:
 
 def _row(op: Op, workload: Workload, mode: str, candidate: str, metric: str, value, unit: str,
          status: str, message: str = "", flags: str = "", tensor: str = "") -> Row:
-    return Row(op.name, workload.name, mode, candidate, metric, value, unit, status, flags, tensor, message)
+    cand = op.candidates.get(candidate)
+    source = cand.source if cand is not None else op.source
+    return Row(op.name, workload.name, mode, candidate, metric, value, unit, status, flags, tensor, message, source)
 
 
 def _error_message(exc: BaseException) -> str:
@@ -175,14 +183,22 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
     # rounds, so that the host's drift hits every candidate alike.
     per_call: dict[str, list[float] | str] | None = (
         {name: [] for name in cases} if workload.spec.get("host_timing") else None)
-    for _ in range(rounds):
+    checked = [name for name, case in cases.items() if getattr(case, "pure", False) and op.get_candidate(name).parity]
+    check = _OutputCheck(op, workload, mode, device, rounds) if checked else None
+    for round_index in range(rounds):
+        if check is not None:
+            check.next_round(round_index)
         for name in list(cases):
             case = cases[name]
             try:
+                if check is not None and name in checked and round_index:
+                    case.set_step(check.timed_step(round_index))  # fresh inputs, drawn untimed
                 sample = timer(case.run, case.prepare, per_round)
                 times[name].extend(sample.times)
                 host[name].append(sample.host_ms)
                 modes[name] = sample.mode
+                if check is not None and name in checked:
+                    check.after_round(name, case, round_index)
             except Exception as exc:
                 summary.errors += 1
                 emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
@@ -201,8 +217,18 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         cand = op.get_candidate(name)
         summary.measured += 1
         host_ms = sorted(host[name])[len(host[name]) // 2]
+        verdict = check.verdict(name) if check is not None and name in checked else None
         for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
+            if verdict is not None and not verdict.passed and row.metric in _TIME_METRICS:
+                flags = ",".join(filter(None, [row.flags, "wrong-output"]))
+                row = dataclasses.replace(row, status=SUSPECT, flags=flags,
+                                          message="the timed calls' result is not one: " + verdict.findings[0])
             emit(row)
+        if verdict is not None:
+            emit(_row(op, workload, mode, name, "output_check", 1.0 if verdict.passed else 0.0, "",
+                      PASS if verdict.passed else FAIL, verdict.message))
+            if not verdict.passed:
+                summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name} (timed result)")
         if per_call is not None:
             _host_row(op, workload, mode, name, per_call[name], emit, summary)
         # Figures only the case can give (a model step's throughput, its optimizer's share).
@@ -224,6 +250,107 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             summary.errors += 1
             emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
     cases.clear()
+
+
+_TIME_METRICS = ("time_median_ms", "gbps", "pct_copy_bw", "tflops", "pct_matmul", "ratio_vs_anchor")
+
+
+@dataclasses.dataclass
+class _Verdict:
+    passed: bool
+    findings: list[str]
+    message: str
+
+
+class _OutputCheck:
+    """After each timing round, one more (untimed) call of each checked candidate on inputs it has
+    not been timed on, its result compared with the reference's for them. It fails on what only a
+    result that is not one does: no better than zeros, the input returned, the result of the
+    inputs timed before (a cache), results finished on another stream (the buffer a new result
+    lands in then still holds an earlier one), inputs overwritten. A result merely outside the op's
+    tolerance is noted and left to parity, which judges tolerances.
+
+    Round r times the inputs of step 2r (fresh each round) and checks on those of step 2r + 1."""
+
+    def __init__(self, op: Op, workload: Workload, mode: str, device: str, rounds: int) -> None:
+        self.op, self.workload, self.mode, self.device, self.rounds = op, workload, mode, device, rounds
+        self.reference = None
+        self.unavailable = ""
+        self.timed_ref: dict | None = None
+        self.checked_ref: dict | None = None
+        self.findings: dict[str, list[str]] = {}
+        self.outside: dict[str, set[str]] = {}
+        try:
+            self.reference = op.make_reference_case(workload, device, mode)
+        except Exception as exc:  # the times stand; the row says why they were not checked
+            self.unavailable = f"reference failed to build: {_error_message(exc)}"
+
+    @staticmethod
+    def timed_step(round_index: int) -> int:
+        return 2 * round_index
+
+    def next_round(self, round_index: int) -> None:
+        """The reference's results for this round's timed and checked inputs."""
+        self.timed_ref = self.checked_ref = None
+        if self.reference is None:
+            return
+        try:
+            # Each call makes new tensors, so the first round's results stay as they are.
+            self.timed_ref = self._reference_at(self.timed_step(round_index))
+            self.checked_ref = self._reference_at(self.timed_step(round_index) + 1)
+        except Exception as exc:
+            self.reference, self.timed_ref, self.checked_ref = None, None, None
+            self.unavailable = f"reference failed at round {round_index}: {_error_message(exc)}"
+
+    def _reference_at(self, step: int) -> dict:
+        self.reference.set_step(step)
+        self.reference.prepare()
+        self.reference.run()
+        synchronize(self.device)
+        return self.reference.tensors()
+
+    def after_round(self, name: str, case, round_index: int) -> None:
+        findings = self.findings.setdefault(name, [])
+        self.outside.setdefault(name, set())
+        if self.checked_ref is None:
+            return
+        cand = self.op.get_candidate(name)
+        case.set_step(self.timed_step(round_index) + 1)
+        case.prepare()
+        call = observe(case, self.device)
+        diffs = self._compare(cand, self.checked_ref, call.tensors)
+        new = list(call.findings) + passthrough(call, diffs)
+        if any(not d.passed for d in diffs.values()):
+            new += stale(diffs, self._compare(cand, self.timed_ref, call.tensors))
+        new += [f"'{n}': {d.why}" for n, d in diffs.items() if not d.beats_zero or d.nan_mismatch]
+        for text in new:
+            if text not in findings:
+                findings.append(f"round {round_index}: {text}")
+        self.outside[name] |= {n for n, d in diffs.items() if not d.passed}
+
+    def _compare(self, cand: Candidate, ref: dict, tensors: dict) -> dict[str, TensorDiff]:
+        out = {}
+        for tensor, value in tensors.items():
+            r = ref.get(tensor)
+            if r is None or r.shape != value.shape:
+                continue
+            tol = self.op.tolerance_for(cand, value.dtype, tensor)
+            out[tensor] = compare_tensors(tensor, r, value, tol.atol, tol.rtol, tol.fro)
+        return out
+
+    def verdict(self, name: str) -> _Verdict:
+        if self.unavailable and not self.findings.get(name):
+            return _Verdict(True, [], f"not checked: {self.unavailable}")
+        findings = self.findings.get(name, [])
+        fresh = f"fresh inputs each of {self.rounds} rounds" if self.rounds > 1 else "one round"
+        what = (f"{fresh}; after each, one more call on other inputs, its result read after a device "
+                "synchronisation and checked against the reference")
+        if findings:
+            return _Verdict(False, findings, f"{what}: " + "; ".join(findings))
+        outside = sorted(self.outside.get(name, ()))
+        note = (f"; outside the op's tolerance for {', '.join(outside)} on these inputs (parity judges tolerances)"
+                if outside else "")
+        return _Verdict(True, [], what + ": a result of its inputs" + note)
 
 
 def _host_row(op: Op, workload: Workload, mode: str, name: str, times: list[float] | str,
@@ -403,11 +530,13 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
             trackers[cand.name] = CandidateTracker(op, cand, override)
         except Exception as exc:
             emit.check_failed(op, workload, mode, cand.name, _error_message(exc))
+    previous_ref = None
     for step in range(steps):
         try:
             reference.set_step(step)
             reference.prepare()
             reference.run()
+            synchronize(device)
             ref_tensors = reference.tensors()
         except Exception as exc:
             cases.clear()
@@ -418,11 +547,15 @@ def _parity_group(op: Op, candidates: list[Candidate], workload: Workload, mode:
             try:
                 case.set_step(step)
                 case.prepare()
-                case.run()
-                trackers[name].update(step, ref_tensors, case.tensors())
+                call = observe(case, device)
+                stale_ref = previous_ref if getattr(case, "pure", False) else None
+                trackers[name].update(step, ref_tensors, call, stale_ref)
             except Exception as exc:
                 emit.check_failed(op, workload, mode, name, f"step {step}: {_error_message(exc)}")
                 del cases[name]
+        # A pure case's results depend on this step's inputs only, so the last step's reference
+        # tells a cached result from a wrong one (the next step makes new tensors: these stay).
+        previous_ref = ref_tensors
     for name in cases:
         tracker = trackers[name]
         emit.count_check(op, workload, mode, name, tracker.passed)
@@ -446,19 +579,36 @@ class CandidateTracker:
     def __init__(self, op: Op, cand: Candidate, override: Tolerance | None) -> None:
         self.op, self.cand, self.override = op, cand, override
         self.by_tolerance: dict[Tolerance, ParityTracker] = {}
+        self.findings: list[tuple[int, str]] = []  # (step, what a guard found), each text once
 
     def tolerance(self, dtype: torch.dtype, tensor: str) -> Tolerance:
         return self.override or self.op.tolerance_for(self.cand, dtype, tensor)
 
-    def update(self, step: int, ref: dict, cand: dict) -> None:
+    def update(self, step: int, ref: dict, call: Call | dict, previous_ref: dict | None = None) -> None:
+        """Compares one step's results (a guarded :class:`Call`, or bare tensors) with the reference's."""
+        cand = call.tensors if isinstance(call, Call) else call
         groups: dict[Tolerance, dict] = {}
         for name, t in cand.items():
             groups.setdefault(self.tolerance(t.dtype, name), {})[name] = t
+        diffs: dict[str, TensorDiff] = {}
         for tol, tensors in groups.items():
             tracker = self.by_tolerance.get(tol)
             if tracker is None:
                 tracker = self.by_tolerance[tol] = ParityTracker(tol.atol, tol.rtol, tol.fro)
-            tracker.update(step, ref, tensors)
+            diffs.update(tracker.update(step, ref, tensors))
+        if not isinstance(call, Call):
+            return
+        found = list(call.findings) + passthrough(call, diffs)
+        if previous_ref is not None and any(not d.passed for d in diffs.values()):
+            before = {}
+            for name, t in cand.items():
+                r = previous_ref.get(name)
+                if r is not None and r.shape == t.shape:
+                    tol = self.tolerance(t.dtype, name)
+                    before[name] = compare_tensors(name, r, t, tol.atol, tol.rtol, tol.fro)
+            found += stale(diffs, before)
+        known = {text for _, text in self.findings}
+        self.findings += [(step, text) for text in found if text not in known]
 
     @property
     def tensors(self):
@@ -473,7 +623,7 @@ class CandidateTracker:
     @property
     def passed(self) -> bool:
         entries = list(self.tensors)
-        return bool(entries) and all(e.passed for _, e in entries)
+        return bool(entries) and all(e.passed for _, e in entries) and not self.findings
 
 
 def parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
@@ -485,10 +635,12 @@ def parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
     for attr in ("rel_fro", "max_abs", "max_rel"):
         ranked = sorted(entries, key=lambda te: -_finite(getattr(te[1].worst, attr)))
         shown.update(id(e) for _, e in ranked[:WORST_TENSORS])
+    for step, finding in tracker.findings:
+        rows.append(_row(op, workload, mode, name, "parity_guard", step, "step", FAIL, finding))
     for tol, entry in tracker.tensors:
         status = PASS if entry.passed else FAIL
         if not entry.passed:
-            failing.append(f"{entry.name} (step {entry.first_failed_step})")
+            failing.append(f"{entry.name} (step {entry.first_failed_step}: {entry.first_failure})")
         tol_text = (f"rel Frobenius <= {tol.fro:g}" if tol.fro is not None
                     else f"atol {tol.atol:g}, rtol {tol.rtol:g}")
         if tol.reason:
@@ -507,6 +659,9 @@ def parity_rows(op: Op, workload: Workload, mode: str, name: str, ref_name: str,
     if detail != "full" and len(shown) < compared:
         message += (f"; per-tensor rows for the failing and the {WORST_TENSORS} worst by each measure "
                     f"({len(shown)} of {compared}; --parity-detail full for all)")
+    if tracker.findings:
+        message = ("; ".join(f"step {step}: {text}" for step, text in tracker.findings[:3])
+                   + (" ..." if len(tracker.findings) > 3 else "") + "; " + message)
     if failing:
         message += "; failing: " + ", ".join(failing[:8]) + (" ..." if len(failing) > 8 else "")
     if tracker.not_compared:

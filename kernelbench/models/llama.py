@@ -17,13 +17,15 @@ SwiGLU activation ``silu(gate) * up`` and the loss); everything else is the same
 says what each layer set puts in each slot; an op of kernelbench.ops that is one of these layers
 names its slot (``model_layer``), so ``train`` finds the layer ops in the registry. The residual
 add before each norm goes through the layer set too, so an implementation that fuses it
-(kernelbench's) can.
+(kernelbench's) can. ``overrides`` replaces single layers of the set by plain functions (a
+kernel under test): ``"norm"`` ``fn(x, weight, eps)``, ``"rotary"`` ``fn(q, k, cos, sin)``,
+``"silu_mul"`` ``fn(gate, up)``, ``"loss"`` ``fn(logits, targets)`` (mean over every position).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -115,14 +117,30 @@ def _upcast_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     return F.cross_entropy(upcast.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class FunctionRMSNorm(nn.Module):
+    """An RMSNorm module (``weight`` at one, as torch's) around a function ``fn(x, weight, eps)``."""
+
+    def __init__(self, hidden: int, eps: float, fn: Callable) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps, self.fn = eps, fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x, self.weight, self.eps)
+
+
 class LayerSet:
     """The RMSNorm, rotary, SwiGLU-activation and loss implementations a model is built with:
     ``loss(logits, targets)`` is the mean cross-entropy (fp32) over every position."""
 
-    def __init__(self, name: str, impl: str = "auto") -> None:
+    def __init__(self, name: str, impl: str = "auto", overrides: Mapping[str, Callable] | None = None) -> None:
         if name not in LAYER_SETS:
             raise ValueError(f"layers must be one of {', '.join(LAYER_SETS)}, got {name!r}")
+        unknown = set(overrides or {}) - set(LAYER_SLOTS)
+        if unknown:
+            raise ValueError(f"overrides: unknown layer {sorted(unknown)}; accepted: {', '.join(LAYER_SLOTS)}")
         self.name, self.impl = name, impl
+        self.overrides = dict(overrides or {})
         self.rotary: Callable = eager_rotary
         self.silu_mul: Callable = _eager_silu_mul
         self.loss: Callable = _upcast_cross_entropy
@@ -140,8 +158,13 @@ class LayerSet:
             self.rotary = lambda q, k, cos, sin: LigerRopeFunction.apply(
                 q, k, cos.to(q.dtype).unsqueeze(0), sin.to(q.dtype).unsqueeze(0))
             self.silu_mul = LigerSiLUMulFunction.apply
+        for slot in ("rotary", "silu_mul", "loss"):
+            if slot in self.overrides:
+                setattr(self, slot, self.overrides[slot])
 
     def norm(self, hidden: int, eps: float) -> nn.Module:
+        if "norm" in self.overrides:
+            return FunctionRMSNorm(hidden, eps, self.overrides["norm"])
         if self.name == "kernelbench":
             from kernelbench.nn import RMSNorm
 
@@ -155,7 +178,7 @@ class LayerSet:
     def add_norm(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual), fused where the implementation offers it."""
         x = x.to(residual.dtype)
-        if self.name == "kernelbench":
+        if self.name == "kernelbench" and "norm" not in self.overrides:
             return norm(x, residual)
         h = x + residual
         return norm(h), h
@@ -227,10 +250,11 @@ class _Body(nn.Module):
 class Llama(nn.Module):
     """``forward(tokens)`` -> logits (B, S, vocab); ``loss(tokens, targets)`` -> mean cross-entropy."""
 
-    def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str = "auto") -> None:
+    def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str = "auto",
+                 overrides: Mapping[str, Callable] | None = None) -> None:
         super().__init__()
         self.config = config
-        self.layer_set = LayerSet(layers, impl)
+        self.layer_set = LayerSet(layers, impl, overrides)
         self.model = _Body(config, self.layer_set)
         self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -10,6 +10,10 @@ The harness never sees an op's internals: it asks an op for a :class:`Case` (som
 ``prepare`` untimed, ``run`` timed, and read ``tensors`` from for parity) and times or compares it.
 Candidate modules import their kernels *inside* the factory functions, so that importing the
 registry never imports Triton kernels (``TRITON_INTERPRET`` must be set before they are defined).
+
+Plugins (:mod:`kernelbench.ops.plugins`) register through this same API from outside the package;
+every op and candidate records where it came from (``source``: ``kernelbench``, ``plugin:NAME``,
+or ``module:NAME`` for a module that registered outside the plugin loader).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import abc
 import difflib
 import importlib.util
+import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +35,39 @@ REGISTRY: dict[str, Op] = {}
 
 class UsageError(ValueError):
     """Bad input from a user (an unknown name, a bad option value). The CLI exits 2 on it."""
+
+
+class RegistrationError(ValueError):
+    """An op or candidate declared against the API's rules (a plugin's mistake, named by the loader)."""
+
+
+class DuplicateNameError(RegistrationError):
+    """An op, or a candidate of an op, registered under a name already taken."""
+
+
+# Op and candidate names: what the CLI, file names and report keys can carry unquoted.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def _check_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise RegistrationError(f"{kind} name {name!r}: expected letters, digits and . _ + - (e.g. 'my-triton')")
+    return name
+
+
+def source_of(module: str) -> str:
+    """Where a registration from ``module`` came from, before any plugin loader relabels it."""
+    if module == "kernelbench" or module.startswith("kernelbench."):
+        return "kernelbench"
+    return f"module:{module}"
+
+
+def _declaring_module(op: object) -> str:
+    """The module whose code constructed ``op``: the first frame outside Op subclasses' __init__."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is op:
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
 
 
 def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> UsageError:
@@ -175,6 +214,8 @@ class Candidate:
     mutates_inputs: bool = False
     tolerance: Mapping[str, Tolerance] | None = None  # by dtype name (see by_dtype)
     doc: str = ""
+    module: str = ""  # where ``build`` is defined
+    source: str = "kernelbench"  # kernelbench, plugin:NAME or module:NAME (see kernelbench.ops.plugins)
 
 
 @dataclass(frozen=True)
@@ -223,10 +264,21 @@ class Op(abc.ABC):
         tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
         model_layer: str | None = None,
     ) -> None:
+        _check_name("op", name)
         if name in REGISTRY:
-            raise ValueError(f"op '{name}' declared twice")
+            raise DuplicateNameError(f"op '{name}' is already declared by {REGISTRY[name].source}")
+        bad = [w for w in workloads if not isinstance(w, Workload)]
+        if bad:
+            raise RegistrationError(f"op '{name}': workloads must be Workload(...) objects, "
+                                    f"got {type(bad[0]).__name__}")
+        for w in workloads:
+            _check_name(f"op '{name}': workload", w.name)
+            if w.tier not in ("cpu", "gpu"):
+                raise RegistrationError(f"op '{name}': workload '{w.name}' has tier {w.tier!r}; accepted: cpu, gpu")
         self.name = name
         self.doc = doc
+        self.module = _declaring_module(self)
+        self.source = source_of(self.module)
         self.workloads = {w.name: w for w in workloads}
         self.reference = reference
         self.tolerances = {**DEFAULT_TOLERANCES, **by_dtype(tolerances)}
@@ -255,13 +307,22 @@ class Op(abc.ABC):
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``build`` as candidate ``name`` of this op."""
 
+        _check_name(f"op '{self.name}': candidate", name)
+        if requires is not None and not isinstance(requires, Requires):
+            raise RegistrationError(f"{self.name}/{name}: requires= takes Requires(...), got {type(requires).__name__}")
+
         def register(build: Callable[..., Any]) -> Callable[..., Any]:
+            if not callable(build):
+                raise RegistrationError(f"{self.name}/{name}: @{self.name}.candidate(...) decorates a factory "
+                                        f"function, got {type(build).__name__}")
             if name in self.candidates:
-                raise ValueError(f"candidate '{name}' registered twice for op '{self.name}'")
+                raise DuplicateNameError(f"candidate '{name}' of op '{self.name}' is already registered by "
+                                         f"{self.candidates[name].source}")
             for key, value in (tags or {}).items():
                 allowed = self.tag_values.get(key)
                 if allowed is None or value not in allowed:
-                    raise ValueError(f"{self.name}/{name}: tag {key}={value} not in {allowed}")
+                    raise RegistrationError(f"{self.name}/{name}: tag {key}={value} not in {allowed}")
+            module = getattr(build, "__module__", None) or ""
             self.candidates[name] = Candidate(
                 op=self.name,
                 name=name,
@@ -272,7 +333,9 @@ class Op(abc.ABC):
                 parity=parity,
                 mutates_inputs=mutates_inputs,
                 tolerance=by_dtype(tolerance) if tolerance else None,
-                doc=(build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else "",
+                doc=(build.__doc__ or "").strip().splitlines()[0] if (build.__doc__ or "").strip() else "",
+                module=module,
+                source=source_of(module),
             )
             return build
 
@@ -280,9 +343,24 @@ class Op(abc.ABC):
 
     # -- lookup ---------------------------------------------------------------------------------
     def workload(self, name: str) -> Workload:
+        """A named workload (one written as a spec is resolved by kernelbench.session.plan)."""
         if name not in self.workloads:
             raise unknown_name_error(f"workload of op '{self.name}'", name, self.workloads)
         return self.workloads[name]
+
+    def custom_workload(self, text: str) -> Workload | None:
+        """The workload a spec written on the command line names (a shape, a parameter list: see
+        :mod:`kernelbench.ops.shapes`), or None when ``text`` is not written as one."""
+        return None
+
+    def workload_forms(self) -> str | None:
+        """How a workload may be written besides its names, in words (`list --workloads`)."""
+        return None
+
+    def sweep(self, sweep: str, base: str | None, tier: str) -> list[str]:
+        """Workload specs of ``--sweep DIM=...`` around ``base`` (a spec; None: the op's own)."""
+        raise UsageError(f"--sweep: op '{self.name}' declares no dimensions to sweep; its workloads: "
+                         f"{', '.join(self.workloads)}")
 
     def workloads_for(self, tier: str) -> list[Workload]:
         return [w for w in self.workloads.values() if w.tier == tier]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+from .shapes import Dims
 
 if TYPE_CHECKING:
     import torch
@@ -71,6 +72,9 @@ cross_entropy = FunctionOp(
     grad_inputs=("logits",),
     modes=("fwd", "fwd+bwd"),
     bytes_moved=_bytes,
+    dims=Dims(("M", "V"), "M tokens' logits over a vocabulary of V", example="8192x32000:bf16", small="8x100:fp32"),
+    # liger writes the gradient into the logits.
+    inplace=("logits",),
     # The gradient is (softmax - onehot) * g rounded once to the logits' dtype: element-wise
     # relative error, since its elements are ~1 / (M * V) and any fixed atol would hide them.
     # fp16 flushes the smallest of them to zero (as torch's fp32-upcast gradient does), so its

@@ -6,6 +6,11 @@ inputs as keyword arguments and returns a tensor or a tuple of tensors (named by
     @rmsnorm.candidate("torch-compile")
     def torch_compile():
         return compile_anchor(rmsnorm_ref_hf)
+
+An op that declares its dimensions (``dims=Dims(...)``) also takes workloads written as shapes
+(``-w 16384x4096:bf16``) and sweeps (``--sweep N=256..65536``). A candidate must leave its inputs
+as they were, except those the op names in ``inplace`` (outputs written into an input, such as a
+loss's gradient written into its logits); parity and timing check it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import Candidate, Op, Tolerance, Workload, generator
+from .base import Candidate, Op, RegistrationError, Tolerance, UsageError, Workload, generator
+from .shapes import Dims, is_shape_text, shape_workload, sweep_texts
 
 if TYPE_CHECKING:
     import torch
@@ -42,27 +48,59 @@ class FunctionOp(Op):
         speed_anchor: str | None = None,
         tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
         model_layer: str | None = None,
+        dims: Dims | None = None,
+        inplace: Sequence[str] = (),
     ) -> None:
+        unknown = set(modes) - set(MODES)
+        if unknown:
+            raise RegistrationError(f"op {name}: unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+        for what, value in (("make_inputs", make_inputs), ("reference", reference)):
+            if not callable(value):
+                raise RegistrationError(f"op {name}: {what} must be callable, got {type(value).__name__}")
+        if isinstance(outputs, str) or not outputs:
+            raise RegistrationError(f"op {name}: outputs names the results, e.g. outputs=('y',); got {outputs!r}")
+        if dims is not None and not isinstance(dims, Dims):
+            raise RegistrationError(f"op {name}: dims takes Dims(...), got {type(dims).__name__}")
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
             tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
             tensor_tolerances=tensor_tolerances, model_layer=model_layer,
         )
-        unknown = set(modes) - set(MODES)
-        if unknown:
-            raise ValueError(f"op {name}: unknown modes {unknown}; known: {MODES}")
         self.make_inputs = make_inputs
         self.output_names = tuple(outputs)
         self.grad_inputs = tuple(grad_inputs)
         self._modes = tuple(modes)
         self._bytes_moved = bytes_moved
         self._flops = flops
+        self.dims = dims
+        self.inplace = frozenset(inplace)
+
+    def custom_workload(self, text: str) -> Workload | None:
+        if not is_shape_text(text):
+            return None
+        if self.dims is None:
+            raise UsageError(f"-w {text}: op '{self.name}' declares no dimensions, so it takes named workloads "
+                             f"only: {', '.join(self.workloads)}")
+        return shape_workload(self.name, self.dims, text)
+
+    def workload_forms(self) -> str | None:
+        return f"a shape {self.dims.describe()}" if self.dims is not None else None
+
+    def sweep(self, sweep: str, base: str | None, tier: str) -> list[str]:
+        if self.dims is None:
+            return super().sweep(sweep, base, tier)
+        return sweep_texts(self.name, self.dims, sweep,
+                           base or (self.dims.small if tier == "cpu" else self.dims.example))
 
     def modes(self) -> tuple[str, ...]:
         return self._modes
 
     def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> FunctionCase:
-        return FunctionCase(self, candidate.build(), workload, device, mode, candidate.mutates_inputs)
+        fn = candidate.build()
+        if not callable(fn):
+            raise RegistrationError(f"{self.name}/{candidate.name}: its factory returned {type(fn).__name__}, "
+                                    "not the function to time")
+        return FunctionCase(self, fn, workload, device, mode, candidate.mutates_inputs)
 
     def make_reference_case(self, workload: Workload, device: str, mode: str) -> FunctionCase:
         import torch
@@ -79,7 +117,12 @@ class FunctionOp(Op):
 
 
 class FunctionCase:
-    """Inputs drawn from the workload's seed (plus the parity step), the callable, its results."""
+    """Inputs drawn from the workload's seed (plus the parity step), the callable, its results.
+
+    ``pure``: a call depends on nothing but this step's inputs, so the harness may draw fresh
+    inputs each timing round and check the timed output against the reference's."""
+
+    pure = True
 
     def __init__(
         self,
@@ -167,6 +210,17 @@ class FunctionCase:
 
     def state_bytes(self) -> None:
         return None
+
+    def input_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors the next ``run`` reads (the harness checks that it leaves them as they were)."""
+        import torch
+
+        return {k: v for k, v in self.inputs.items() if isinstance(v, torch.Tensor)}
+
+    @property
+    def inplace_inputs(self) -> frozenset[str]:
+        """Inputs the op declares as in-place outputs: a candidate may overwrite these."""
+        return self.op.inplace
 
 
 # Dynamo recompiles a function once per new input shape and, past its recompile limit (8 by

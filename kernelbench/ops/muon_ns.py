@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+from .shapes import Dims
 
 if TYPE_CHECKING:
     import torch
@@ -86,6 +87,8 @@ muon_ns = FunctionOp(
     modes=("fwd",),
     flops=_flops,
     bytes_moved=_bytes,
+    dims=Dims(("R", "C"), "an R x C matrix (a gradient) orthogonalised", example="4096x1024:bf16",
+              small="64x64:fp32"),
     # Element-wise error is meaningless for an iteration that amplifies rounding: the relative
     # Frobenius error is what is bounded (2e-2 in bf16).
     tolerances={

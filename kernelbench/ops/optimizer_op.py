@@ -10,7 +10,9 @@ optimizer:
         return torch.optim.AdamW([p for _, p in named_params], lr=lr, ..., fused=True)
 
 Parameters are drawn from the workload's seed; gradient ``step`` from (seed, step), so every
-candidate and the reference see the same parameters and the same gradient stream.
+candidate and the reference see the same parameters and the same gradient stream. Besides its
+named workloads, an optimizer op takes ``-w model:NAME`` and ``-w FILE`` (a parameter-shape list,
+see :mod:`kernelbench.ops.shapes`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import Candidate, Op, StateBytes, Tolerance, Workload, generator, torch_dtype
+from .base import Candidate, Op, RegistrationError, StateBytes, Tolerance, Workload, generator, torch_dtype
+from .shapes import PARAMS_HELP, param_workload
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +61,9 @@ class OptimizerOp(Op):
         tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
         grad_scale: float = 1.0,
     ) -> None:
+        if not isinstance(reference, str):
+            raise RegistrationError(f"op {name}: reference names the candidate the others are checked against "
+                                    f"(a string), got {type(reference).__name__}")
         super().__init__(
             name, doc=doc, workloads=workloads, reference=reference,
             tolerances=tolerances, tag_values=tag_values, speed_anchor=speed_anchor,
@@ -66,6 +72,12 @@ class OptimizerOp(Op):
         self.hyperparams = dict(hyperparams)
         self._bytes_per_param = bytes_per_param
         self.grad_scale = grad_scale
+
+    def custom_workload(self, text: str) -> Workload | None:
+        return param_workload(self.name, text)
+
+    def workload_forms(self) -> str | None:
+        return PARAMS_HELP
 
     def hyperparams_for(self, workload: Workload) -> dict[str, Any]:
         return {**self.hyperparams, **workload.spec.get("hyperparams", {})}

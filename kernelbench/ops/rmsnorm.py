@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+from .shapes import Dims
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +76,8 @@ rmsnorm = FunctionOp(
     grad_inputs=("x", "weight"),
     modes=("fwd", "fwd+bwd"),
     bytes_moved=_bytes,
+    dims=Dims(("M", "N"), "M rows (tokens), each of N features normalised", example="16384x4096:bf16",
+              small="64x256:fp32"),
     # dweight sums M products rounded to bf16/fp16: its error is absolute (~sqrt(M) roundings),
     # so near-zero sums fail any relative bound; the norm of the error is what stays small.
     tensor_tolerances={"grad_weight": {

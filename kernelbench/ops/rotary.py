@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .base import Requires, Tolerance, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+from .shapes import Dims
 
 if TYPE_CHECKING:
     import torch
@@ -81,6 +82,10 @@ rotary = FunctionOp(
     grad_inputs=("q", "k"),
     modes=("fwd", "fwd+bwd"),
     bytes_moved=_bytes,
+    dims=Dims(("B", "Hq", "Hk", "S", "D"), "batch, query heads, key heads, sequence length, head dimension",
+              example="8x32x8x2048x128:bf16", small="2x4x2x16x32:fp32",
+              to_spec=lambda shape, dtype: {**dict(zip(("batch", "q_heads", "kv_heads", "seq", "head_dim"), shape)),
+                                            "dtype": dtype}),
 )
 
 

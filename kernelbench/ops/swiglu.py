@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .base import Requires, Workload, torch_dtype
 from .function_op import FunctionOp, compile_anchor
+from .shapes import Dims
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +64,10 @@ swiglu = FunctionOp(
     grad_inputs=("gate", "up"),
     modes=("fwd", "fwd+bwd"),
     bytes_moved=_bytes,
+    dims=Dims(("M", "N"), "M tokens, N the MLP's intermediate size (gate and up are M x N)",
+              example="8192x8192:bf16", small="4x64:fp32"),
+    # liger writes dgate and dup into gate and up.
+    inplace=("gate", "up"),
 )
 
 

@@ -215,9 +215,13 @@ def _workload_size(op_name: str, workload: str):
     try:
         from ..ops import get_op
 
-        spec = get_op(op_name).workloads[workload].spec
-    except Exception:  # an op or workload this version does not know
+        op = get_op(op_name)
+        found = op.workloads.get(workload) or op.custom_workload(workload)  # or written as a shape (16384x4096:bf16)
+    except Exception:  # an op this version does not know, or a spec it does not read
         return None
+    if found is None:  # a workload name this version does not know
+        return None
+    spec = found.spec
     if "shape" in spec:
         shape = tuple(spec["shape"])
         return shape, math.prod(shape), str(spec.get("dtype", ""))
@@ -233,15 +237,33 @@ def _sweep_axis(op: str, workloads: list[str]):
     if any(s is None for s in sizes.values()) or len({s[2] for s in sizes.values()}) != 1:
         return None
     numels = {s[1] for s in sizes.values()}
+    shapes = [s[0] for s in sizes.values()]
+    varying = ([i for i in range(len(shapes[0])) if len({shape[i] for shape in shapes}) > 1]
+               if len({len(shape) for shape in shapes}) == 1 else [])
     if len(numels) == 1 and all(len(s[0]) >= 2 for s in sizes.values()):
         xs = {w: s[0][-1] for w, s in sizes.items()}
         label = f"N, the last dimension (M x N = {next(iter(numels)):,} elements)"
+    elif len(varying) == 1:  # one dimension swept (--sweep), the others fixed
+        xs = {w: s[0][varying[0]] for w, s in sizes.items()}
+        label = _dimension_label(op, varying[0], shapes[0])
     else:
         xs = {w: s[1] for w, s in sizes.items()}
         label = "elements"
     if len(set(xs.values())) < 3:
         return None
     return xs, label
+
+
+def _dimension_label(op_name: str, index: int, shape: tuple) -> str:
+    """The swept dimension by the op's name for it, the others as they stood."""
+    try:
+        from ..ops import get_op
+
+        names = get_op(op_name).dims.names
+    except Exception:  # an op that does not name its dimensions
+        names = tuple(f"dim {i}" for i in range(len(shape)))
+    fixed = ", ".join(f"{n} = {v}" for i, (n, v) in enumerate(zip(names, shape)) if i != index)
+    return f"{names[index]}" + (f" ({fixed})" if fixed else "")
 
 
 def plot_sweeps(rows: pd.DataFrame, folder: Path) -> list[Path]:

@@ -37,9 +37,8 @@ def bench_table(rows: pd.DataFrame) -> pd.DataFrame:
             col = values[metric]
             table[title] = col / 1e6 if metric.endswith("bytes") else col
     table["status"] = lead["status"]
-    suspect = (
-        bench[bench["status"] == "suspect"].groupby(KEYS)["metric"].apply(lambda m: "above ceiling: " + ",".join(m))
-    )
+    above = bench[(bench["status"] == "suspect") & bench["flags"].fillna("").astype(str).str.contains("above-ceiling")]
+    suspect = above.groupby(KEYS)["metric"].apply(lambda m: "above ceiling: " + ",".join(m))
     notes = lead["flags"].fillna("").astype(str)
     notes = notes.where(lead["status"].isin(["ok"]), lead["message"].fillna("").astype(str))
     table["notes"] = notes

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..harness.rows import ROW_FIELDS, Row
+from ..ops.plugins import records as plugin_records
 from .plot import plots_markdown
 from .tables import bench_table, parity_table, to_markdown
 
@@ -92,6 +93,8 @@ class ReportWriter:
             "environment": self.fingerprint,
             "settings": self.settings,
             "ceilings": self.ceilings,
+            # Plugins this process loaded: what each brought (its rows say source = plugin:NAME), or why not.
+            "plugins": plugin_records(),
             "summary": self.summary(),
         }
         tmp = self.folder / (RUN_JSON + ".tmp")
@@ -103,11 +106,13 @@ class ReportWriter:
         """Counts a reader (or a CI step) checks first; the rows themselves are in results.csv."""
         checks = [r["status"] for r in self.rows if r["metric"] == "parity"]
         timed = [r["status"] for r in self.rows if r["metric"] == "time_median_ms"]
+        results = [r["status"] for r in self.rows if r["metric"] == "output_check"]
         return {
             "results_file": RESULTS_CSV,
             "rows": len(self.rows),
             "timed": {s: timed.count(s) for s in sorted(set(timed))},
             "parity_checks": {s: checks.count(s) for s in sorted(set(checks))},
+            "timed_result_checks": {s: results.count(s) for s in sorted(set(results))},
         }
 
     def summary_markdown(self) -> str:
@@ -137,13 +142,15 @@ class ReportWriter:
         return "\n".join(lines)
 
     def _write_junit(self) -> None:
-        checks = [r for r in self.rows if r["metric"] == "parity"]
+        # Parity checks, and the check of each timed candidate's result (a wrong one fails CI too).
+        checks = [r for r in self.rows if r["metric"] in ("parity", "output_check")]
         suite = ET.Element("testsuite", name=f"kernelbench.{self.verb}", tests=str(len(checks)),
                            failures=str(sum(r["status"] == "fail" for r in checks)),
                            errors=str(sum(r["status"] == "error" for r in checks)),
                            skipped=str(sum(r["status"] == "skipped" for r in checks)))
         for r in checks:
-            case = ET.SubElement(suite, "testcase", classname=f"kernelbench.parity.{r['op']}",
+            kind = "parity" if r["metric"] == "parity" else "timed-result"
+            case = ET.SubElement(suite, "testcase", classname=f"kernelbench.{kind}.{r['op']}",
                                  name=f"{r['workload']}/{r['mode']}/{r['candidate']}")
             if r["status"] == "fail":
                 ET.SubElement(case, "failure", message=str(r["message"])[:500]).text = str(r["message"])
@@ -177,9 +184,11 @@ def load_report(folder: Path) -> tuple[dict, pd.DataFrame]:
             raise ReportError(f"{json_path}: expected a JSON object, found a {type(meta).__name__}")
         if not isinstance(meta.get("environment", {}), dict):
             raise ReportError(f"{json_path}: 'environment' is not an object")
-    rows = read_csv(csv_path, [c for c in ROW_FIELDS if c != "tensor"], what="results")
+    rows = read_csv(csv_path, [c for c in ROW_FIELDS if c not in ("tensor", "source")], what="results")
     if "tensor" not in rows.columns:
         rows["tensor"] = ""
+    if "source" not in rows.columns:  # reports from before plugins: every row was kernelbench's
+        rows["source"] = "kernelbench"
     return meta, rows
 
 

@@ -1,5 +1,6 @@
 """What ``kernelbench list`` shows: every op's candidates (their role, whether they run here and
-why not) and workloads, from the registry."""
+why not, where they come from: kernelbench or a plugin) and workloads, named or written on the
+command line, from the registry."""
 
 from __future__ import annotations
 
@@ -33,10 +34,18 @@ def candidate_rows(device: str) -> list[dict[str, Any]]:
                                               ("baseline", cand.baseline)) if on)
             rows.append({"op": op.name, "candidate": cand.name,
                          "tags": ", ".join(f"{k}={v}" for k, v in cand.tags.items()),
-                         "role": role, "runs here": op.availability(cand, device), "what": cand.doc})
+                         "role": role, "runs here": op.availability(cand, device), "source": cand.source,
+                         "what": cand.doc})
     return rows
 
 
 def workload_rows() -> list[dict[str, Any]]:
     return [{"op": op.name, "workload": w.name, "tier": w.tier, "modes": ", ".join(op.modes()), "seed": w.seed}
             for op in load_all().values() for w in op.workloads.values()]
+
+
+def workload_form_rows() -> list[dict[str, Any]]:
+    """How -w may write each op's workloads besides their names, and what --sweep varies."""
+    return [{"op": op.name, "-w also takes": op.workload_forms(),
+             "--sweep": f"one of {', '.join(op.dims.names)}" if getattr(op, "dims", None) else ""}
+            for op in load_all().values() if op.workload_forms()]

@@ -2,15 +2,18 @@
 end should not make itself (the default suite, a suite's values under the command line's).
 
 The CLI fills :class:`RunOptions` (None: not given) and calls :func:`run_request`; ``parity``
-and ``train`` go through :func:`parity_request` and :func:`check_train`. An option added to
-``run`` is a field here (with the flag errors name it by) and, if it changes what runs, a field
-of :class:`~kernelbench.session.request.RunRequest`.
+and ``train`` go through :func:`parity_request` and :func:`check_train`, ``list`` through
+:func:`load_plugins`. An option added to ``run`` is a field here (with the flag errors name it
+by) and, if it changes what runs, a field of :class:`~kernelbench.session.request.RunRequest`.
+Plugins (``--plugin``, a suite's ``plugins``, installed entry points) are loaded here, before the
+names a request gives are checked; each that does not load is one error line on the listener.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,10 @@ from ..harness.settings import (
     Bound,
     timing_config,
 )
-from ..ops import get_op, load_all
+from ..ops import get_op, load_all, load_builtin
 from ..ops.base import UsageError
 from ..ops.launched_op import LaunchedOp, OpOption
+from ..ops.plugins import Plugin
 from .plan import check_entry
 from .request import Entry, Listener, OutputSettings, RunRequest, TrainRequest
 
@@ -72,9 +76,30 @@ def nvidia_device_present() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# Options only some ops take (dist-adamw's --nproc...): declared by those ops, checked through them.
+def load_plugins(specs: Sequence[str] | None, listener: Listener | None = None) -> list[Plugin]:
+    """The installed plugins and those ``specs`` name (``.py`` files or modules), as tried; a
+    malformed spec is a UsageError, a plugin that does not load one error line on ``listener``."""
+    from ..ops import plugins
+
+    load_all()
+    tried = plugins.installed() + plugins.load_many(specs)
+    report_plugins(tried, listener or Listener())
+    return tried
+
+
+def report_plugins(tried: Iterable[Plugin], listener: Listener, *, reported: Iterable[Plugin] = ()) -> None:
+    """One error line per plugin of ``tried`` that did not load (the rest still runs), except
+    those already ``reported``."""
+    done = {id(p) for p in reported}
+    for line in dict.fromkeys(p.error_line() for p in tried if p.error and id(p) not in done):
+        listener.error(line)
+
+
+# ------------------------------------------------------------------------------------------------
+# Options only some ops take (dist-adamw's --nproc...): declared by kernelbench's own ops (the CLI's
+# help is written from them before any plugin is loaded), checked through them.
 def launched_ops() -> list[LaunchedOp]:
-    return [op for op in load_all().values() if isinstance(op, LaunchedOp)]
+    return [op for op in load_builtin().values() if isinstance(op, LaunchedOp)]
 
 
 def op_option_flags() -> tuple[str, ...]:
@@ -133,6 +158,8 @@ class RunOptions:
     telemetry: bool | None = _flag("--telemetry")
     seed: int | None = _flag("--seed")
     parity_detail: str | None = _flag("--parity-detail")
+    sweep: str | None = _flag("--sweep")
+    plugins: list[str] | None = None  # --plugin: loaded before anything is checked; any op takes it
     device: str = "auto"
     output_dir: Path | None = None
     op_options: dict[str, Any] = field(default_factory=dict)
@@ -151,7 +178,7 @@ class RunOptions:
 
 
 # Options that choose what runs: an op's, not a suite's (its tables choose).
-_CHOOSING = ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry", "--parity-steps")
+_CHOOSING = ("-c/--candidate", "-w/--workload", "-m/--mode", "--state", "--telemetry", "--parity-steps", "--sweep")
 
 
 def run_request(options: RunOptions, listener: Listener | None = None) -> RunRequest:
@@ -160,6 +187,7 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
     Without an op: the suite given by --config, else configs/ci.toml on a CUDA machine and
     configs/quick.toml without one; the command line's timing values override the suite's."""
     listener = listener or Listener()
+    tried = load_plugins(options.plugins, listener)
     given = options.given()
     for f in fields(options):
         setting = USER_SETTINGS.get(f.name)
@@ -186,13 +214,14 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
         if chooses:
             raise UsageError(f"{', '.join(chooses)}: choose what runs, so they need an op "
                              "(kernelbench run OP ...); a suite's [[bench]] / [[parity]] tables choose for it")
-        return _suite_request(options, listener)
-    entry = Entry(options.op, options.workloads, options.candidates, options.modes, options.tags)
+        return _suite_request(options, listener, tried)
+    entry = Entry(options.op, options.workloads, options.candidates, options.modes, options.tags,
+                  sweep=options.sweep)
     check_entry(entry)
     parity = ()
     if options.parity_steps:
         parity = (Entry(options.op, options.workloads, options.candidates, options.modes, options.tags,
-                        steps=options.parity_steps),)
+                        steps=options.parity_steps, sweep=options.sweep),)
         check_entry(parity[0], parity=True)
     return RunRequest("run", options.op, bench=(entry,), parity=parity, device=options.device,
                       timing=timing_config(options.timing_values()), seed=options.seed or 0,
@@ -200,7 +229,7 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
                       output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL))
 
 
-def _suite_request(options: RunOptions, listener: Listener) -> RunRequest:
+def _suite_request(options: RunOptions, listener: Listener, reported: list[Plugin]) -> RunRequest:
     from ..config import configs_dir, load_suite
 
     config = options.config
@@ -212,6 +241,7 @@ def _suite_request(options: RunOptions, listener: Listener) -> RunRequest:
         listener.note(f"No op given: running the default suite {config}"
                       + ("" if on_gpu else " (the CPU suite: no CUDA device)"))
     suite = load_suite(config)
+    report_plugins(suite.plugins, listener, reported=reported)
     # A value given on the command line wins over the suite's, even when it equals the default.
     timing = timing_config(options.timing_values(), base=timing_config(suite.settings))
     device = options.device if options.device != "auto" else suite.settings.get("device", "auto")
@@ -232,9 +262,12 @@ def parity_request(op: str, *, steps: int, atol: float | None = None, rtol: floa
                    candidates: list[str] | None = None, workloads: list[str] | None = None,
                    modes: list[str] | None = None, state: str | None = None, device: str = "auto",
                    output_dir: Path | None = None, parity_detail: str | None = None,
-                   seed: int | None = None, fsdp: bool = False, nproc: int | None = None) -> RunRequest:
+                   seed: int | None = None, fsdp: bool = False, nproc: int | None = None,
+                   sweep: str | None = None, plugins: Sequence[str] | None = None,
+                   listener: Listener | None = None) -> RunRequest:
     """The request ``kernelbench parity`` makes: every runnable candidate against the reference
     (with ``fsdp``: each candidate under FSDP2 on ``nproc`` ranks against itself unsharded)."""
+    load_plugins(plugins, listener)
     fsdp_nproc = check_fsdp(fsdp, nproc)
     check_bound("--steps", steps, PARITY_STEPS_BOUND)
     check_bound("--atol", atol, Bound(0))
@@ -243,11 +276,15 @@ def parity_request(op: str, *, steps: int, atol: float | None = None, rtol: floa
     check_parity_detail(parity_detail)
     check_output_dir(output_dir)
     tags = {"state": state} if state else {}
-    entry = Entry(op, workloads, candidates, modes, tags, steps=steps, atol=atol, rtol=rtol)
+    entry = Entry(op, workloads, candidates, modes, tags, steps=steps, atol=atol, rtol=rtol, sweep=sweep)
     if fsdp_nproc is None:
         check_entry(entry, parity=True)
     elif modes:
         raise UsageError("-m/--mode does not apply under --fsdp (an optimizer's step has one mode)")
+    elif sweep:
+        raise UsageError("--sweep does not apply under --fsdp (-w names models there)")
+    if fsdp_nproc is not None:
+        _check_fsdp_plugins(plugins)
     return RunRequest("parity", op, parity=(entry,), device=device, seed=seed or 0,
                       output=OutputSettings(output_dir, parity_detail), fsdp_nproc=fsdp_nproc)
 
@@ -262,8 +299,19 @@ def check_fsdp(fsdp: bool, nproc: int | None) -> int | None:
     return nproc or 2
 
 
-def check_train(request: TrainRequest) -> None:
-    """What ``kernelbench train`` can check before torch is imported."""
+def _check_fsdp_plugins(plugins: Sequence[str] | None) -> None:
+    # The ranks look candidates up by name in their own registry, which loads installed plugins only.
+    if plugins:
+        raise UsageError("--plugin does not reach --fsdp's ranks: install the plugin's package (its "
+                         "kernelbench.plugins entry point loads in every rank)")
+
+
+def check_train(request: TrainRequest, listener: Listener | None = None) -> None:
+    """What ``kernelbench train`` can check before torch is imported, after loading the plugins
+    the request names (a layer op's candidate may be a plugin's)."""
+    load_plugins(request.plugins, listener)
+    if request.fsdp_nproc is not None:
+        _check_fsdp_plugins(request.plugins)
     check_bound("--rtol", request.rtol, Bound(0))
     check_bound("--nproc", request.fsdp_nproc, Bound(1))
     check_output_dir(request.output.folder)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..ops import get_op
-from ..ops.base import Op, UsageError, Workload
+from ..ops.base import Op, UsageError, Workload, unknown_name_error
 from ..ops.launched_op import LaunchedOp
 from .request import Entry
 
@@ -20,8 +20,31 @@ if TYPE_CHECKING:
 
 
 def resolve_workload(op: Op, name: str) -> Workload:
-    """The workload an entry names (every entry's workload names are resolved here)."""
-    return op.workload(name)
+    """The workload an entry names (every entry's workload names are resolved here): one of the
+    op's named workloads, else one written as a spec the op reads (``16384x4096:bf16`` for an op
+    that declares its dimensions, ``model:NAME`` or a parameter-list file for an optimizer op)."""
+    if name in op.workloads:
+        return op.workloads[name]
+    custom = op.custom_workload(name)
+    if custom is not None:
+        return custom
+    error = unknown_name_error(f"workload of op '{op.name}'", name, op.workloads)
+    forms = op.workload_forms()
+    if forms:
+        raise UsageError(f"{str(error).rstrip('.')}; or {forms}.")
+    raise error
+
+
+def check_sweep(op: Op, sweep: str, workloads: Sequence[str] | None) -> None:
+    """A sweep the op can make around the one shape given (or its own example shape)."""
+    if workloads and len(workloads) > 1:
+        raise UsageError(f"--sweep takes at most one -w, the shape it varies; got {', '.join(workloads)}")
+    op.sweep(sweep, workloads[0] if workloads else None, "cpu")
+
+
+def _sweep(op: Op, entry: Entry, device: str) -> list[Workload]:
+    texts = op.sweep(entry.sweep, entry.workloads[0] if entry.workloads else None, tier(device))
+    return [resolve_workload(op, text) for text in texts]
 
 
 def is_launched(entry: Entry) -> bool:
@@ -36,8 +59,11 @@ def check_entry(entry: Entry, *, parity: bool = False) -> None:
     if parity and isinstance(op, LaunchedOp):
         raise UsageError(op.not_a_case())
     op.select(entry.candidates, entry.tags)
-    for name in entry.workloads or []:
-        resolve_workload(op, name)
+    if entry.sweep is not None:
+        check_sweep(op, entry.sweep, entry.workloads)
+    else:
+        for name in entry.workloads or []:
+            resolve_workload(op, name)
     for mode in entry.modes or []:
         if mode not in op.modes():
             raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
@@ -74,10 +100,16 @@ def tier(device: str) -> str:
 
 def workload_names(entry: Entry, device: str) -> list[str]:
     """The entry's workloads, else its op's default ones for ``device``."""
-    op = get_op(entry.op)
+    return [w.name for w in entry_workloads(get_op(entry.op), entry, device)]
+
+
+def entry_workloads(op: Op, entry: Entry, device: str) -> list[Workload]:
+    """The workloads an entry names, sweeps over, or leaves to the device's tier."""
+    if entry.sweep is not None:
+        return _sweep(op, entry, device)
     if entry.workloads:
-        return [resolve_workload(op, name).name for name in entry.workloads]
-    return [w.name for w in op.workloads_for(tier(device))]
+        return [resolve_workload(op, name) for name in entry.workloads]
+    return op.workloads_for(tier(device))
 
 
 def plan(entries: Sequence[Entry], device: str, seed: int) -> list[PlanItem]:
@@ -89,7 +121,7 @@ def plan(entries: Sequence[Entry], device: str, seed: int) -> list[PlanItem]:
     for e in entries:
         op = get_op(e.op)
         candidates = [c for c in op.select(e.candidates, e.tags) if c.name not in e.exclude]
-        workloads = [resolve_workload(op, w) for w in e.workloads] if e.workloads else op.workloads_for(tier(device))
+        workloads = entry_workloads(op, e, device)
         if seed:
             workloads = [dataclasses.replace(w, seed=w.seed + seed) for w in workloads]
         modes = e.modes or list(op.modes())

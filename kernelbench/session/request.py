@@ -19,8 +19,9 @@ from ..harness.settings import DEFAULT_PARITY_DETAIL, DEFAULT_TIMING, PARITY_STE
 @dataclass
 class Entry:
     """One op to time or check: a suite's [[bench]] / [[parity]] table, or the CLI's op and its
-    -c / -w / -m / --state. None means the op's default (every candidate after ``tags``, the
-    device's workloads, every mode)."""
+    -c / -w / -m / --state / --sweep. None means the op's default (every candidate after
+    ``tags``, the device's workloads, every mode). ``sweep`` (``N=256..65536``) varies one
+    dimension of the one shape ``workloads`` gives, else of the op's example shape for the device."""
 
     op: str
     workloads: list[str] | None = None
@@ -31,6 +32,7 @@ class Entry:
     exclude: list[str] = field(default_factory=list)
     atol: float | None = None
     rtol: float | None = None
+    sweep: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class TrainRequest:
     tags: dict[str, str] = field(default_factory=dict)
     output: OutputSettings = OutputSettings()
     fsdp_nproc: int | None = None  # every run with the model under FSDP2 on this many ranks
+    plugins: list[str] | None = None  # --plugin: files or modules loaded before the op is looked up
 
 
 class Status(enum.Enum):
@@ -88,7 +91,7 @@ class Status(enum.Enum):
 
     COMPLETE = "complete"
     NOTHING_MEASURED = "nothing measured"  # ran, but only in the Triton interpreter: no times
-    PARITY_FAILED = "parity failed"  # a check failed (train: a candidate left the band)
+    PARITY_FAILED = "parity failed"  # a check failed, parity's or a timed result's (train: left the band)
     NOTHING_RAN = "nothing ran"  # nothing that was asked for could run here
     INTERRUPTED = "interrupted"  # SIGINT / SIGTERM / SIGHUP: the report is closed and says so
 

@@ -179,19 +179,23 @@ def _default_folder(verb: str, label: str) -> Path:
 
 
 def _run_outcome(verb: str, folder: Path, rows: list[dict[str, Any]], interruption: str | None) -> Outcome:
-    """How a run ended, from its rows: interrupted, a failed check, nothing could run, nothing
-    was timed, or complete."""
+    """How a run ended, from its rows: interrupted, a failed check (parity, or the check of a
+    timed result), nothing could run, nothing was timed, or complete."""
     outcome = Outcome(verb, folder, rows)
-    failures = [f"{r['op']}/{r['workload']}/{r['mode']}/{r['candidate']}" for r in rows
-                if r["metric"] == "parity" and r["status"] in (FAIL, ERROR)]
+
+    def failed(metric: str) -> list[str]:
+        return [f"{r['op']}/{r['workload']}/{r['mode']}/{r['candidate']}" for r in rows
+                if r["metric"] == metric and r["status"] in (FAIL, ERROR)]
+
+    failures = {"parity failed": failed("parity"), "a timed result is not one": failed("output_check")}
     statuses = {r["status"] for r in rows}
     if interruption:
         outcome.status, outcome.interruption = Status.INTERRUPTED, interruption
         outcome.message = (f"interrupted by {interruption}: {folder} holds what was measured until then "
                            "(run.json says \"interrupted\")")
-    elif failures:
+    elif any(failures.values()):
         outcome.status = Status.PARITY_FAILED
-        outcome.message = "parity failed: " + ", ".join(failures)
+        outcome.message = "; ".join(f"{what}: {', '.join(names)}" for what, names in failures.items() if names)
     elif not statuses & set(_RAN):
         reasons = {f"{r['candidate']}: {str(r['message']).splitlines()[0] if r['message'] else r['status']}": None
                    for r in rows if r["status"] in (SKIPPED, ERROR)}

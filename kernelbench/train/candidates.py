@@ -11,6 +11,8 @@ Layer ops (those declaring the model slot they fill, ``model_layer``: rmsnorm, r
 cross-entropy): the model built with each layer set (``torch``, the reference; ``kernelbench``,
 our Triton kernels; ``liger`` where installed), all trained by torch's AdamW. A layer set swaps
 every layer at once, so these ops train the same runs.
+The op's own candidates train too, each as the one layer it implements in torch's layer set: a
+plugin's (source not kernelbench) by default, any of them when named with ``-c``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,35 @@ def _torch_adamw(named_params, **hp):
     return torch.optim.AdamW([p for _, p in named_params], fused=fused or None, **hp)
 
 
+# How the model's call of each slot (kernelbench.models.llama.LAYER_SLOTS) maps onto the call of
+# the layer op that fills it (its ``model_layer``): its candidates take the op's inputs as keyword arguments.
+def _norm(fn):
+    return lambda x, weight, eps: fn(x=x, weight=weight, eps=eps)
+
+
+def _rotary(fn):
+    return lambda q, k, cos, sin: tuple(fn(q=q, k=k, cos=cos.to(q.dtype), sin=sin.to(q.dtype)))
+
+
+def _silu_mul(fn):
+    return lambda gate, up: fn(gate=gate, up=up)
+
+
+def _loss(fn):
+    return lambda logits, targets: fn(logits=logits.reshape(-1, logits.shape[-1]), targets=targets.reshape(-1),
+                                      ignore_index=-100, reduction="mean")
+
+
+SLOT_ADAPTERS = {"norm": _norm, "rotary": _rotary, "silu_mul": _silu_mul, "loss": _loss}
+
+
+def _op_candidate(op: Op, cand, hp: dict) -> TrainCandidate:
+    slot, adapt = op.model_layer, SLOT_ADAPTERS[op.model_layer]
+    return TrainCandidate(cand.name, _torch_adamw, hp, layers="torch", requires=cand.requires, role=ROLE_CANDIDATE,
+                          doc=f"torch's layers with {op.name} by this candidate: {cand.doc}",
+                          layer_fns={slot: lambda: adapt(cand.build())}, source=cand.source)
+
+
 def _layer_candidates(op_name: str, lr: float | None) -> list[TrainCandidate]:
     hp = {**LAYER_OPTIMIZER, **({"lr": lr} if lr is not None else {})}
     return [
@@ -73,12 +104,18 @@ def resolve(op_name: str, config: LlamaConfig, *, lr: float | None = None, names
         every = _layer_candidates(op.name, lr)
         if tags:
             raise UsageError(f"op '{op.name}' has no option --{next(iter(tags))} under train")
+        hp = dict(every[0].hyperparams)
+        sets = {c.name for c in every}
+        own = {c.name: c for c in op.candidates.values() if c.parity and c.name not in sets}
         if names:
-            known = {c.name: c for c in every}
+            known = sets | set(own)
             for n in names:
                 if n not in known:
                     raise unknown_name_error(f"train candidate of op '{op.name}'", n, known)
             every = [c for c in every if c.role == ROLE_REFERENCE or c.name in names]
+            every += [_op_candidate(op, own[n], hp) for n in names if n in own]
+        else:
+            every += [_op_candidate(op, c, hp) for c in own.values() if c.source != "kernelbench"]
         return every
     if op.kind != "optimizer":
         raise UsageError(f"train: op '{op.name}' is neither an optimizer op nor a model layer; "
@@ -97,5 +134,5 @@ def resolve(op_name: str, config: LlamaConfig, *, lr: float | None = None, names
     for cand in ordered:
         role = ROLE_REFERENCE if cand is ref else ROLE_CANDIDATE if cand.parity else ROLE_ANCHOR
         out.append(TrainCandidate(cand.name, cand.build, dict(hp), requires=cand.requires, role=role,
-                                  doc=cand.doc))
+                                  doc=cand.doc, source=cand.source))
     return out

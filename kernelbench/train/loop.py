@@ -31,7 +31,8 @@ ROLE_REFERENCE, ROLE_CANDIDATE, ROLE_ANCHOR = "reference", "candidate", "anchor"
 
 @dataclass(frozen=True)
 class TrainCandidate:
-    """What one run trains: the model's layer set and the optimizer ``build(named_params, **hyperparams)``.
+    """What one run trains: the model's layer set (with ``layer_fns`` replacing single layers) and
+    the optimizer ``build(named_params, **hyperparams)``.
 
     role: ``reference`` (its seeds make the band), ``candidate`` (judged against the band) or
     ``anchor`` (another algorithm trained for comparison, e.g. AdamW beside Adam-mini: not judged).
@@ -46,6 +47,10 @@ class TrainCandidate:
     role: str = ROLE_CANDIDATE
     order_seed: int = 0
     doc: str = ""
+    # Single layers replaced in the layer set, by slot (see kernelbench.models.llama.LAYER_SLOTS):
+    # factories called once per run, each returning the layer's function.
+    layer_fns: Mapping[str, Callable[[], Callable]] = field(default_factory=dict)
+    source: str = "kernelbench"
 
     def make_optimizer(self, named_params: list) -> torch.optim.Optimizer:
         return self.build(named_params, **self.hyperparams)
@@ -117,7 +122,8 @@ def train_run(candidate: TrainCandidate, config: LlamaConfig, init: Mapping[str,
     the mean over all of them, so the run computes what one device would."""
     order_seed = candidate.order_seed if order_seed is None else order_seed
     with torch.device(device):
-        model = Llama(config, candidate.layers, impl=candidate.impl)
+        model = Llama(config, candidate.layers, impl=candidate.impl,
+                      overrides={slot: make() for slot, make in candidate.layer_fns.items()})
     model.load_state_dict(init)
     model.train()
     share = slice(None)

@@ -161,10 +161,13 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     init = initial_state(config, settings.seed, device)
     result = TrainResult(settings, stream.stats, None)
 
+    sources = {c.name: c.source for c in candidates}
+
     def row(name: str, metric: str, value, unit: str, status: str, message: str = "") -> None:
         if isinstance(value, float) and not math.isfinite(value):
             value = None
-        sink.add(Row(op_label, settings.model, mode, name, metric, value, unit, status, message=message).as_dict())
+        sink.add(Row(op_label, settings.model, mode, name, metric, value, unit, status, message=message,
+                     source=sources.get(name, "kernelbench")).as_dict())
 
     sharded_logs = None
     mode = f"{MODE}, fsdp {settings.fsdp_nproc} ranks" if settings.fsdp_nproc else MODE
