@@ -40,7 +40,8 @@ class Format(str, Enum):
 
 
 STATUS_STYLE = {"ok": "green", "pass": "green", "faster": "green", "yes": "green", "fail": "bold red",
-                "error": "bold red", "regression": "bold red", "suspect": "bold yellow",
+                "error": "bold red", "regression": "bold red", "slower": "bold red", "broken": "bold red",
+                "inconclusive": "yellow", "suspect": "bold yellow",
                 "skipped": "dim", "not-measured": "yellow", "same": ""}
 STATUS_COLUMNS = ("status", "result", "verdict")
 # Columns of free text: wrapped on a terminal, never elsewhere.
