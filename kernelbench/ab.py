@@ -98,7 +98,7 @@ def remove_side(side: Side) -> None:
         shutil.rmtree(side.worktree, ignore_errors=True)
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -106,9 +106,9 @@ def _toml_value(value) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise UsageError(f"cannot carry {value!r} into the bench-only suite")
 
 
@@ -121,9 +121,9 @@ def bench_only_suite(config: Path, dest: Path) -> Path:
     if not doc.get("bench"):
         raise UsageError(f"--config {config}: no [[bench]] table: nothing to time")
     lines = [f"# The [[bench]] tables of {Path(config).resolve()}, for kernelbench ab", "", "[suite]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in doc.get("suite", {}).items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in doc.get("suite", {}).items()]
     for table in doc["bench"]:
-        lines += ["", "[[bench]]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+        lines += ["", "[[bench]]"] + [f"{k} = {toml_value(v)}" for k, v in table.items()]
     dest.write_text("\n".join(lines) + "\n")
     return dest
 

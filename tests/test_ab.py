@@ -31,7 +31,8 @@ def test_run_arguments_each_process_gets(tmp_path):
     assert args[1] == str(tmp_path / "suite-bench-only.toml") and args[2:] == ["--rounds", "1"]
     assert prepare_run_args(["rmsnorm", "-w", "x"], tmp_path) == ["rmsnorm", "-w", "x"]
     for bad, said in (([], "name what to time"), (["rmsnorm", "-o", "x"], "-o after --"),
-                      (["rmsnorm", "--output-dir=x"], "--output-dir after --"), (["adamw", "--format", "json"], "--format")):
+                      (["rmsnorm", "--output-dir=x"], "--output-dir after --"),
+                      (["adamw", "--format", "json"], "--format")):
         with pytest.raises(UsageError, match=said):
             prepare_run_args(bad, tmp_path)
 

@@ -414,7 +414,10 @@ def plot_samples(samples: pd.DataFrame, folder: Path) -> list[Path]:
             rounds = rows.groupby("round")["ms"].median() / median
             ax.scatter(rounds, [i + 1] * len(rounds), color="#c62828", s=12, zorder=3,
                        label="round median" if i == 0 else None)
-        ax.boxplot(relative, vert=False, whis=(5, 95), showfliers=False, widths=0.6)
+        try:
+            ax.boxplot(relative, orientation="horizontal", whis=(5, 95), showfliers=False, widths=0.6)
+        except TypeError:  # matplotlib before 3.10 names it vert=False
+            ax.boxplot(relative, vert=False, whis=(5, 95), showfliers=False, widths=0.6)
         ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
         ax.invert_yaxis()
         ax.axvline(1.0, color="0.2", lw=0.8)

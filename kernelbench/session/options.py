@@ -133,6 +133,7 @@ class RunOptions:
     telemetry: bool | None = _flag("--telemetry")
     seed: int | None = _flag("--seed")
     parity_detail: str | None = _flag("--parity-detail")
+    lock_clocks: bool | None = _flag("--lock-clocks")
     device: str = "auto"
     output_dir: Path | None = None
     op_options: dict[str, Any] = field(default_factory=dict)
@@ -197,6 +198,7 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
     return RunRequest("run", options.op, bench=(entry,), parity=parity, device=options.device,
                       timing=timing_config(options.timing_values()), seed=options.seed or 0,
                       telemetry=bool(options.telemetry), op_options=dict(options.op_options),
+                      lock_clocks=bool(options.lock_clocks),
                       output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL))
 
 
@@ -217,7 +219,7 @@ def _suite_request(options: RunOptions, listener: Listener) -> RunRequest:
     device = options.device if options.device != "auto" else suite.settings.get("device", "auto")
     recorded = {k: v for k, v in suite.settings.items() if k not in USER_SETTINGS}
     return RunRequest("run", config.stem, bench=tuple(suite.bench), parity=tuple(suite.parity), device=device,
-                      timing=timing, seed=options.seed or 0,
+                      timing=timing, seed=options.seed or 0, lock_clocks=bool(options.lock_clocks),
                       output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL),
                       recorded=recorded)
 
