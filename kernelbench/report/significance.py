@@ -128,14 +128,15 @@ def judge(base, new, base_clusters=None, new_clusters=None, *, threshold: float 
                          f"fewer than {MIN_SAMPLES} samples on a side ({nb} / {nn}): no test")
     _, p = mann_whitney_u(base, new)
     low, high = ratio_interval(base, new, base_clusters, new_clusters, level=1 - alpha, seed=seed)
-    band = f"[{1 - threshold:.3g}, {1 + threshold:.3g}]"
-    interval = f"{1 - alpha:.0%} interval [{low:.4g}, {high:.4g}]"
-    if p < alpha and low > 1 + threshold:
-        verdict, reason = SLOWER, f"{interval} above {1 + threshold:.3g}, p={p:.2g}"
-    elif p < alpha and high < 1 - threshold:
-        verdict, reason = FASTER, f"{interval} below {1 - threshold:.3g}, p={p:.2g}"
-    elif low >= 1 - threshold and high <= 1 + threshold:
-        verdict, reason = SAME, f"{interval} inside {band}"
+    up, down = 1 + threshold, 1 - threshold
+    if p < alpha and low > up:
+        verdict, reason = SLOWER, f"interval above {up:.3g}"
+    elif p < alpha and high < down:
+        verdict, reason = FASTER, f"interval below {down:.3g}"
+    elif low >= down and high <= up:
+        verdict, reason = SAME, f"interval inside [{down:.3g}, {up:.3g}]"
+    elif low < up < high or low < down < high:
+        verdict, reason = INCONCLUSIVE, f"interval crosses {up if low < up < high else down:.3g}"
     else:
-        verdict, reason = INCONCLUSIVE, f"{interval} crosses the edge of {band}, p={p:.2g}"
+        verdict, reason = INCONCLUSIVE, f"interval outside [{down:.3g}, {up:.3g}] but the rank test gives p={p:.2g}"
     return Judgement(verdict, ratio, low, high, p, nb, nn, reason)
