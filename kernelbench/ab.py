@@ -225,7 +225,8 @@ def pool(folders: list[Path]) -> Pooled:
 
 
 def compare_sides(base: Pooled, new: Pooled, *, threshold: float, alpha: float = ALPHA) -> Comparison:
-    table = judge_rows(base.times, new.times, base.samples, new.samples, threshold=threshold, alpha=alpha)
+    table = judge_rows(base.times, new.times, base.samples, new.samples, threshold=threshold, alpha=alpha,
+                       noise_guard=False)
     broken = [{**dict(zip(KEYS, key)), "verdict": BROKEN, "why": "error in every NEW process: " + message[:200]}
               for key, message in new.errors.items() if key in base.times.index]
     if broken:

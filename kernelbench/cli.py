@@ -365,10 +365,11 @@ def compare(
     Rows are judged from both reports' per-rep samples: a Mann-Whitney U test and a bootstrap
     interval of new / base median (rounds resampled, then reps). slower: significant and the
     interval wholly above 1 + threshold; faster: below 1 - threshold; same: inside both;
-    inconclusive otherwise (listed; it fails only with --strict). Reports without samples fall
-    back to new / base against 1 + the larger of the threshold and either row's IQR / median,
-    and say so. A parity check that passed in BASE and fails in NEW, or a candidate that errors
-    in NEW, is broken and fails too."""
+    inconclusive otherwise (listed; it fails only with --strict). A row whose IQR / median
+    exceeds the threshold is held to that spread instead. Reports without samples fall back to
+    new / base against 1 + the larger of the threshold and either row's IQR / median, and say so.
+    A parity check that passed in BASE and fails in NEW, or a candidate that errors in NEW, is
+    broken and fails too."""
     from .session.options import check_bound, check_output_dir
 
     out = Output(fmt)

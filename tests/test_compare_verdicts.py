@@ -15,14 +15,16 @@ from kernelbench.report.writer import ReportWriter
 ENV = {"device": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6"}
 
 
-def _report(folder, levels, *, seed, flags=None, parity=None, offsets=(0.0, 0.002, -0.002), throttled=()):
+def _report(folder, levels, *, seed, flags=None, parity=None, offsets=(0.0, 0.002, -0.002), throttled=(),
+            noise=None):
     """A run report with one timed row per candidate: 3 rounds of 120 reps at ``levels[c]`` ms,
-    the given per-round offsets, 1% noise per rep."""
+    the given per-round offsets, 1% noise per rep (``noise[c]`` where given)."""
     rng = np.random.default_rng(seed)
     writer = ReportWriter(folder, ENV, "run")
     for cand, level in levels.items():
         per_round = level if isinstance(level, tuple) else [level * (1 + o) for o in offsets]
-        rounds = [lv * (1 + 0.01 * rng.standard_normal(120)) for lv in per_round]
+        spread = (noise or {}).get(cand, 0.01)
+        rounds = [lv * (1 + spread * rng.standard_normal(120)) for lv in per_round]
         times = np.concatenate(rounds)
         q25, q50, q75 = np.quantile(times, [0.25, 0.5, 0.75])
         base = {"op": "rmsnorm", "workload": "w", "mode": "fwd", "candidate": cand, "unit": "ms", "status": "ok"}
@@ -57,6 +59,18 @@ def test_each_verdict_from_samples_and_only_slower_fails(tmp_path):
     # A threshold of 15% leaves nothing slower; the 10% change is then inside the band.
     loose = _by_candidate(compare_reports(base, new, threshold=0.15))
     assert loose.loc["slow", "verdict"] == SAME and compare_reports(base, new, threshold=0.15).regressions.empty
+
+
+def test_a_noisy_row_is_held_to_its_own_spread_between_two_runs(tmp_path):
+    """Reps spread by 20% (IQR / median about 27%): 10% slower is within what such a row moves from
+    one process to the next; twice as slow is not."""
+    noise = {"noisy": 0.2, "doubled": 0.2}
+    base = _report(tmp_path / "base", {"noisy": 1.0, "doubled": 1.0}, seed=1, noise=noise)
+    new = _report(tmp_path / "new", {"noisy": 1.10, "doubled": 2.0}, seed=2, noise=noise)
+    table = _by_candidate(compare_reports(base, new))
+    assert table.loc["noisy", "verdict"] in (SAME, INCONCLUSIVE) and table.loc["noisy", "threshold"] > 0.2
+    assert "a noisy row: held to its IQR / median" in table.loc["noisy", "why"]
+    assert table.loc["doubled", "verdict"] == SLOWER
 
 
 def test_reports_without_samples_fall_back_to_the_iqr_rule_and_say_so(tmp_path):

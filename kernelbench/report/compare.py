@@ -7,6 +7,10 @@ than the threshold) fails a comparison; ``inconclusive`` rows are listed and fai
 ``strict``. A row whose clocks were held down by power or heat on either side (``throttled``) gets
 no ``faster`` / ``slower`` verdict: ``inconclusive``.
 
+A row whose reps spread wider than the threshold (IQR / median, as host-bound rows do) is held to
+that spread instead: two runs are two processes, and such a row moves between processes by more
+than its samples within one can show.
+
 Where a side has no samples (a report written before they were kept), the row falls back to the
 rule those reports were judged by, and its ``method`` says so: slower when new / base exceeds
 1 + the threshold, the threshold raised to either row's IQR / median.
@@ -104,19 +108,31 @@ def _iqr_rule(base_median: float, new_median: float, base_iqr: float, new_iqr: f
     return verdict, used, f"new / base {ratio:.4g} against 1 +- {used:.3g} (the threshold or IQR / median if larger)"
 
 
+def _relative_iqr(values: np.ndarray) -> float:
+    q25, q50, q75 = np.quantile(values, [0.25, 0.5, 0.75])
+    return float((q75 - q25) / q50) if q50 > 0 else 0.0
+
+
 def judge_rows(base_times: pd.DataFrame, new_times: pd.DataFrame, base_samples: dict, new_samples: dict, *,
-               threshold: float, alpha: float = ALPHA) -> pd.DataFrame:
-    """A verdict for every key timed on both sides (COLUMNS, keys as columns)."""
+               threshold: float, alpha: float = ALPHA, noise_guard: bool = True) -> pd.DataFrame:
+    """A verdict for every key timed on both sides (COLUMNS, keys as columns). With
+    ``noise_guard`` (two separate runs, one process each), a row whose reps spread wider than the
+    threshold (IQR / median) is held to that spread: the samples of one process say nothing of how
+    much such a row moves from one process to the next. ``ab``, whose clusters are processes,
+    measures that and needs no guard."""
     lines = []
     for key in base_times.index.intersection(new_times.index):
         b, n = base_times.loc[key], new_times.loc[key]
         line = dict(zip(KEYS, key))
         if key in base_samples and key in new_samples:
             (bt, br), (nt, nr) = base_samples[key], new_samples[key]
-            j = judge(bt, nt, br, nr, threshold=threshold, alpha=alpha)
+            noise = max(_relative_iqr(bt), _relative_iqr(nt)) if noise_guard else 0.0
+            used = max(threshold, noise)
+            j = judge(bt, nt, br, nr, threshold=used, alpha=alpha)
+            why = j.reason + (f" (a noisy row: held to its IQR / median, {noise:.1%})" if used > threshold else "")
             line |= {"base ms": float(np.median(bt)), "new ms": float(np.median(nt)), "ratio": j.ratio,
-                     "low": j.low, "high": j.high, "p": j.p_value, "threshold": threshold, "verdict": j.verdict,
-                     "method": RANK_TEST, "why": j.reason}
+                     "low": j.low, "high": j.high, "p": j.p_value, "threshold": used, "verdict": j.verdict,
+                     "method": RANK_TEST, "why": why}
         else:
             verdict, used, why = _iqr_rule(b["time_median_ms"], n["time_median_ms"],
                                            b.get("time_iqr_ms", 0.0), n.get("time_iqr_ms", 0.0), threshold)
