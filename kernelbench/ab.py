@@ -65,14 +65,15 @@ def resolve_side(label: str, spec: str, workdir: Path, repo: Path | None = None)
     """A virtualenv folder, a Python executable, or else a git revision of ``repo`` (default: the
     repository holding the working directory), checked out under ``workdir``."""
     path = Path(spec)
+    # Absolute, but not resolved: a virtualenv's bin/python is a link to the base interpreter, and
+    # only through the link does Python find the environment.
     if path.is_dir() and (path / "bin" / "python").is_file():
-        python = path / "bin" / "python"
-        return Side(label, spec, str(python.resolve()), f"environment {path}")
+        return Side(label, spec, os.path.abspath(path / "bin" / "python"), f"environment {path}")
     if path.is_file():
         if not os.access(path, os.X_OK):
             raise UsageError(f"{label} {spec}: a file that is not executable (name a Python executable, a "
                              "virtualenv folder or a git revision)")
-        return Side(label, spec, str(path.resolve()), f"executable {path}")
+        return Side(label, spec, os.path.abspath(path), f"executable {path}")
     try:
         root = Path(_git("rev-parse", "--show-toplevel", cwd=repo))
     except (UsageError, OSError):

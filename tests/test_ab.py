@@ -3,6 +3,7 @@ run arguments each process gets; and pooling process reports, with and without s
 command runs in tests/test_cli_stats.py."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,11 @@ def test_sides_from_an_environment_an_executable_and_a_git_revision(tmp_path):
     (venv / "bin" / "python").write_text("#!/bin/sh\n")
     (venv / "bin" / "python").chmod(0o755)
     env_side = resolve_side("BASE", str(venv), tmp_path)
-    assert env_side.python == str((venv / "bin" / "python").resolve()) and env_side.cwd is None
+    assert env_side.python == str(venv / "bin" / "python") and env_side.cwd is None
+    # A virtualenv's python is a link to the base interpreter: run through the link, not its target.
+    linked = tmp_path / "linked-python"
+    linked.symlink_to(sys.executable)
+    assert resolve_side("BASE", str(linked), tmp_path).python == str(linked)
     wrapper = tmp_path / "slow.sh"
     wrapper.write_text("#!/bin/sh\nexec python3 \"$@\"\n")
     with pytest.raises(UsageError, match="not executable"):
