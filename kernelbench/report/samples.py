@@ -14,7 +14,6 @@ and ``plot`` judge from, and what pandas reads directly.
 from __future__ import annotations
 
 import gzip
-import io
 import time
 from pathlib import Path
 
@@ -115,11 +114,3 @@ def load_samples(folder: Path) -> pd.DataFrame | None:
 def load_rounds(folder: Path) -> pd.DataFrame | None:
     """Per-round medians and GPU state, or None for a report without them."""
     return _read(Path(folder) / ROUNDS_CSV)
-
-
-def to_csv_bytes(frame: pd.DataFrame) -> bytes:
-    """A samples frame as the bytes of a samples.csv.gz (one member), e.g. for merged reports."""
-    buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz:
-        gz.write(frame[SAMPLE_COLUMNS].to_csv(None, index=False, float_format=FLOAT_FORMAT).encode())
-    return buf.getvalue()
