@@ -415,8 +415,16 @@ def ab(
     import shutil
     import tempfile
 
-    from .ab import compare_sides, pool, prepare_run_args, remove_side, resolve_side, run_alternating, write_outputs
     from .report.writer import default_output_dir
+    from .session.ab import (
+        compare_sides,
+        pool,
+        prepare_run_args,
+        remove_side,
+        resolve_side,
+        run_alternating,
+        write_outputs,
+    )
     from .session.options import check_bound, check_output_dir
     from .session.signals import interruption_name, interrupts
 

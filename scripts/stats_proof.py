@@ -35,9 +35,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernelbench.ab import toml_value  # noqa: E402
 from kernelbench.config import tomllib  # noqa: E402
 from kernelbench.ops import get_op  # noqa: E402
+from kernelbench.session.ab import toml_value  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/kb-out")) / "stats-proof"
 BUDGET_S = float(os.environ.get("STATS_PROOF_BUDGET_S", "420"))

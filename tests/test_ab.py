@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernelbench.ab import bench_only_suite, pool, prepare_run_args, remove_side, resolve_side
 from kernelbench.config import load_suite
 from kernelbench.harness.rows import RoundSamples
 from kernelbench.ops.base import UsageError
 from kernelbench.report.samples import SAMPLES_CSV
 from kernelbench.report.writer import ReportWriter
+from kernelbench.session.ab import bench_only_suite, pool, prepare_run_args, remove_side, resolve_side
 
 ROOT = Path(__file__).resolve().parents[1]
 

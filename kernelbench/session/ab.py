@@ -32,12 +32,12 @@ else:  # pragma: no cover - Python 3.10
 import numpy as np
 import pandas as pd
 
-from .ops.base import UsageError
-from .report.compare import BROKEN, KEYS, TIME_METRIC, Comparison, fingerprint_mismatches, judge_rows
-from .report.samples import load_samples
-from .report.significance import ALPHA
-from .report.tables import to_markdown
-from .report.writer import ReportError, load_report
+from ..ops.base import UsageError
+from ..report.compare import BROKEN, KEYS, TIME_METRIC, Comparison, fingerprint_mismatches, judge_rows
+from ..report.samples import load_samples
+from ..report.significance import ALPHA
+from ..report.tables import to_markdown
+from ..report.writer import ReportError, load_report
 
 FORBIDDEN_RUN_ARGS = ("-o", "--output-dir", "--format")
 
