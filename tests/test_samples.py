@@ -16,7 +16,7 @@ from kernelbench.harness.timing import TimingConfig
 from kernelbench.ops import get_op
 from kernelbench.ops.base import UsageError
 from kernelbench.report.samples import ROUNDS_CSV, SAMPLE_COLUMNS, SAMPLES_CSV, load_rounds, load_samples
-from kernelbench.report.writer import ReportWriter, load_report
+from kernelbench.report.writer import ReportError, ReportWriter, load_report
 
 
 def _round(candidate, rnd, times, gpu=None, metric="time_median_ms"):
@@ -46,6 +46,19 @@ def test_samples_and_rounds_read_back_with_pandas(tmp_path):
     assert meta["summary"]["samples_file"] == SAMPLES_CSV and meta["summary"]["reps"] == 6
     assert meta["summary"]["throttled_rows"] == ["adamw/tiny/step/a"]
     assert "samples.csv.gz" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_damaged_samples_file_is_one_clear_error(tmp_path):
+    writer = ReportWriter(tmp_path, {}, "run")
+    writer.add_round(_round("a", 1, [1.0 + i / 1000 for i in range(2000)]))
+    writer.close("complete")
+    data = (tmp_path / SAMPLES_CSV).read_bytes()
+    (tmp_path / SAMPLES_CSV).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ReportError, match="samples.csv.gz: cut short"):
+        load_samples(tmp_path)
+    (tmp_path / SAMPLES_CSV).write_bytes(gzip.compress(b"op,ms\nadamw,1.0\n"))
+    with pytest.raises(ReportError, match="no column workload"):
+        load_samples(tmp_path)
 
 
 def test_a_report_without_samples_reads_as_none(tmp_path):

@@ -86,31 +86,25 @@ class SamplesFile:
                 "throttled_rows": sorted({"/".join(str(r[k]) for k in KEYS) for r in throttled})}
 
 
-def _read(path: Path) -> pd.DataFrame | None:
-    from .writer import ReportError
+def _read(path: Path, columns: list[str], what: str) -> pd.DataFrame | None:
+    from .writer import ReportError, read_csv  # writer imports this module
 
     if not path.is_file():
         return None
     try:
-        return pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, EOFError) as exc:
-        raise ReportError(f"{path}: not readable ({type(exc).__name__}: {exc})") from None
+        return read_csv(path, columns, what=what)
+    except EOFError:  # a gzip member cut short: the run was killed while writing it
+        raise ReportError(f"{path}: cut short (a run killed while writing it); delete it to fall back to "
+                          "the results' medians") from None
 
 
 def load_samples(folder: Path) -> pd.DataFrame | None:
-    """The report's per-rep times (columns SAMPLE_COLUMNS), or None for a report without them."""
-    frame = _read(Path(folder) / SAMPLES_CSV)
-    if frame is None:
-        return None
-    from .writer import ReportError
-
-    missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ReportError(f"{Path(folder) / SAMPLES_CSV}: no column {', '.join(missing)} "
-                          f"(expected: {', '.join(SAMPLE_COLUMNS)})")
-    return frame.astype({k: str for k in KEYS + ["metric"]})
+    """The report's per-rep times (columns SAMPLE_COLUMNS), or None for a report without them; a
+    ReportError names a file that cannot be read."""
+    frame = _read(Path(folder) / SAMPLES_CSV, SAMPLE_COLUMNS, "samples")
+    return None if frame is None else frame.astype({k: str for k in KEYS + ["metric"]})
 
 
 def load_rounds(folder: Path) -> pd.DataFrame | None:
     """Per-round medians and GPU state, or None for a report without them."""
-    return _read(Path(folder) / ROUNDS_CSV)
+    return _read(Path(folder) / ROUNDS_CSV, [*KEYS, "metric", "round", "reps", "median_ms"], "rounds")
