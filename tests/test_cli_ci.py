@@ -576,6 +576,9 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
         "KB_SUITE": str(suite),
         "GITHUB_STEP_SUMMARY": str(summary),
         "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        # One thread per timed call: on a shared 2-core machine, several make a row's reps spread
+        # by 100x, and compare holds so noisy a row to its own spread.
+        "OMP_NUM_THREADS": "1",
     }
 
     def step(name):
