@@ -47,7 +47,8 @@ class Exit(IntEnum):
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 a parity check failed, or a timed result was not one (train: a candidate left the band); "
     "2 usage or config error; "
-    "3 regression found by compare; 4 nothing that was asked for could run here; "
+    "3 compare or ab found a row slower (or a parity check broken; with --strict, one inconclusive); "
+    "4 nothing that was asked for could run here; "
     "130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (the report is closed and says so)."
 )
 _EXIT_FOR = {Status.COMPLETE: Exit.OK, Status.NOTHING_MEASURED: Exit.OK, Status.PARITY_FAILED: Exit.PARITY_FAILED,
@@ -251,6 +252,10 @@ def run(
                                                           "steps / input draws (the parity command's --steps) "
                                                           "[default: no parity].")] = None,
     parity_detail: ParityDetailOpt = None,
+    lock_clocks: Annotated[bool, typer.Option("--lock-clocks", help="Lock the GPU's application clocks at their "
+                                                                    "defaults for the run and put the old ones back "
+                                                                    "after it, where the driver permits (it says "
+                                                                    "so where not).")] = False,
     telemetry: Annotated[bool, typer.Option("--telemetry", help="With an op whose optimizer reports telemetry "
                                                                 "(adam-mini): record max |update|, max |m|, fp8 "
                                                                 "scales after the timed steps.")] = False,
@@ -281,6 +286,7 @@ def run(
         cuda_graph=cuda_graph or None, warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds,
         flush_l2=False if no_flush_l2 else None, parity_steps=parity_steps, telemetry=telemetry or None,
         seed=seed, parity_detail=parity_detail, sweep=sweep, plugins=plugin, device=device, output_dir=output_dir,
+        lock_clocks=lock_clocks or None,
         op_options={flag: value for flag, value in launched.items() if value is not None})
     with usage_errors(out):
         request = run_request(options, Shown(out))
@@ -322,26 +328,68 @@ def parity(
     _run_and_print(out, request)
 
 
+ThresholdOpt = Annotated[float, typer.Option(
+    "--threshold", help="Smallest slowdown that fails, >= 0 (0.05 = 5%): a row is slower when the interval of its "
+                        "new / base median lies wholly above 1 + threshold.")]
+AlphaOpt = Annotated[float, typer.Option(
+    "--alpha", help="Significance level of the rank test; the interval of the ratio covers 1 - alpha.")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail (exit 3) on inconclusive rows too.")]
+
+
+def _verdicts_end(out: Output, result, strict: bool) -> None:
+    """The notes every comparison ends with, and its exit code: 3 for slower or broken rows (and
+    inconclusive ones under --strict)."""
+    def names(frame) -> str:
+        return ", ".join("/".join(map(str, r)) for r in frame[["op", "workload", "mode", "candidate"]].values)
+
+    for title, listed in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
+        if listed:
+            out.note(f"{title}: " + ", ".join(listed))
+    if result.fallback_rows:
+        out.warn(f"{result.fallback_rows} row(s) judged by the IQR rule (new / base against 1 + the larger of "
+                 "--threshold and IQR / median): a side kept no per-rep samples (a report from before they were kept)")
+    inconclusive = result.inconclusive
+    if not inconclusive.empty:
+        out.warn(f"{len(inconclusive)} inconclusive (the samples cannot tell whether the change exceeds the threshold"
+                 f"{'' if strict else '; not failing without --strict'}): {names(inconclusive)}")
+    failing = result.regressions
+    if not failing.empty or (strict and not inconclusive.empty):
+        counts = failing["verdict"].value_counts().to_dict()
+        parts = [f"{n} {verdict}" for verdict, n in counts.items()]
+        if strict and not inconclusive.empty:
+            parts.append(f"{len(inconclusive)} inconclusive (--strict)")
+        raise fail(out, ", ".join(parts) + (f": {names(failing)}" if not failing.empty else ""), Exit.REGRESSION)
+    if result.table.empty:
+        out.warn("no timed rows in common between the two sides (--allow-missing)")
+
+
 @app.command(epilog=EXIT_CODES_HELP)
 def compare(
     base: Annotated[Path, typer.Argument(help="Report folder of the baseline run.")],
     new: Annotated[Path, typer.Argument(help="Report folder of the new run.")],
-    threshold: Annotated[float, typer.Option(help="Smallest slowdown called a regression, >= 0 (0.05 = 5%); a row's "
-                                                  "own noise (IQR / median) raises it.")] = 0.05,
+    threshold: ThresholdOpt = 0.05,
+    alpha: AlphaOpt = 0.01,
+    strict: StrictOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Compare runs from different GPUs or torch/triton versions "
                                                         "anyway (the output says so).")] = False,
     allow_missing: Annotated[bool, typer.Option("--allow-missing", help="Accept rows of BASE absent from NEW, or no "
                                                                         "row in common (otherwise exit 2).")] = False,
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Also write compare.csv and compare.md "
-                                                                               "into this folder [default: none: "
-                                                                               "print only].")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Also write compare.csv, compare.md "
+                                                                               "and compare.png into this folder "
+                                                                               "[default: none: print only].")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Ratio of medians per matching row of two report folders; exit 3 on a regression.
+    """A verdict per matching timed row of two report folders: faster, slower, same or
+    inconclusive; exit 3 when a row is slower.
 
-    A row regressed when NEW / BASE exceeds 1 + the threshold (the larger of --threshold and
-    either row's IQR / median); a parity check that passed in BASE and fails in NEW, or a
-    candidate that errors in NEW, is a regression too."""
+    Rows are judged from both reports' per-rep samples: a Mann-Whitney U test and a bootstrap
+    interval of new / base median (rounds resampled, then reps). slower: significant and the
+    interval wholly above 1 + threshold; faster: below 1 - threshold; same: inside both;
+    inconclusive otherwise (listed; it fails only with --strict). A row whose IQR / median
+    exceeds the threshold is held to that spread instead. Reports without samples fall back to
+    new / base against 1 + the larger of the threshold and either row's IQR / median, and say so.
+    A parity check that passed in BASE and fails in NEW, or a candidate that errors in NEW, is
+    broken and fails too."""
     from .session.options import check_bound, check_output_dir
 
     out = Output(fmt)
@@ -351,21 +399,165 @@ def compare(
     from .report.compare import compare_reports, write_comparison
 
     with usage_errors(out):
-        result = compare_reports(base, new, min_threshold=threshold, force=force, allow_missing=allow_missing)
+        result = compare_reports(base, new, threshold=threshold, alpha=alpha, force=force, allow_missing=allow_missing)
     if result.mismatches:
         out.warn("--force: comparing across environments: " + "; ".join(result.mismatches))
     out.table(f"compare {base} -> {new}", result.table, name="compare")
     out.flush()
-    for title, names in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
-        if names:
-            out.note(f"{title}: " + ", ".join(names))
     if output_dir:
         with usage_errors(out):
             write_comparison(result, base, new, output_dir)
-    if not result.regressions.empty:
-        raise fail(out, f"{len(result.regressions)} regression(s)", Exit.REGRESSION)
-    if result.table.empty:
-        out.warn("no timed rows in common between the two reports (--allow-missing)")
+    _verdicts_end(out, result, strict)
+
+
+@app.command(epilog=EXIT_CODES_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ab(
+    ctx: typer.Context,
+    base: Annotated[str, typer.Argument(help="The baseline: a git revision, a virtualenv folder or a Python "
+                                             "executable.")],
+    new: Annotated[str, typer.Argument(help="The new side, as BASE.")],
+    rounds: Annotated[int, typer.Option("--rounds", help="Processes per side, alternating BASE NEW / NEW BASE, "
+                                                         ">= 1.")] = 3,
+    threshold: ThresholdOpt = 0.05,
+    alpha: AlphaOpt = 0.01,
+    strict: StrictOpt = False,
+    output_dir: OutputOpt = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Time BASE and NEW on this machine in alternating processes and give a verdict per row;
+    exit 3 when a row is slower.
+
+    What each process runs follows --: `kernelbench ab main HEAD -- rmsnorm -w 32768x4096-bf16`
+    or `kernelbench ab main HEAD -- --config configs/ci.toml` (its [[bench]] tables only). A git
+    revision is checked out into a temporary worktree and run by this Python; a virtualenv or an
+    executable runs its own kernelbench. Each process writes a report folder under -o, beside
+    compare.csv, ab.md and ab.json; verdicts as in compare, from every process's samples."""
+    import shutil
+    import tempfile
+
+    from .report.writer import default_output_dir
+    from .session.ab import (
+        compare_sides,
+        pool,
+        prepare_run_args,
+        remove_side,
+        resolve_side,
+        run_alternating,
+        write_outputs,
+    )
+    from .session.options import check_bound, check_output_dir
+    from .session.signals import interruption_name, interrupts
+
+    out = Output(fmt)
+    with usage_errors(out):
+        check_bound("--rounds", rounds, Bound(1))
+        check_bound("--threshold", threshold, Bound(0))
+        check_output_dir(output_dir)
+        if not 0 < alpha < 1:
+            raise UsageError(f"--alpha {alpha:g}: must be between 0 and 1")
+    folder = output_dir or default_output_dir("ab", "-".join(Path(s).name or s for s in (base, new))[:60])
+    folder.mkdir(parents=True, exist_ok=True)
+    folder = folder.resolve()
+    with usage_errors(out):
+        run_args = prepare_run_args(list(ctx.args), folder)
+    sides, workdir = [], Path(tempfile.mkdtemp(prefix="kernelbench-ab-"))
+    try:
+        with usage_errors(out):
+            sides = [resolve_side("BASE", base, workdir), resolve_side("NEW", new, workdir)]
+        out.note(f"BASE: {sides[0].describe}; NEW: {sides[1].describe}; {rounds} process(es) each, alternating")
+        shown = Shown(out)
+        with interrupts(), shown.spinner():
+            processes = run_alternating(*sides, run_args, rounds, folder, shown.progress)
+    except KeyboardInterrupt as exc:
+        raise fail(out, f"interrupted by {interruption_name(exc)}: {folder} holds the processes that finished",
+                   interruption_code(interruption_name(exc))) from None
+    finally:
+        for side in sides:
+            remove_side(side)
+        shutil.rmtree(workdir, ignore_errors=True)
+    pooled = {label: pool([Path(p.folder) for p in processes if p.side == label]) for label in ("BASE", "NEW")}
+    for label, side in zip(("BASE", "NEW"), sides):
+        if pooled[label].times.empty:
+            logs = ", ".join(str(Path(p.folder).with_suffix(".log")) for p in processes if p.side == label)
+            raise fail(out, f"{label} ({side.describe}) timed nothing: see {logs}", Exit.NOTHING_RAN)
+        if pooled[label].processes_without_samples:
+            out.warn(f"{label} keeps no per-rep samples (an older kernelbench): one sample per process, its median")
+    result = compare_sides(pooled["BASE"], pooled["NEW"], threshold=threshold, alpha=alpha)
+    if result.mismatches:
+        out.warn("the two sides' environments differ: " + "; ".join(result.mismatches))
+    write_outputs(folder, result, *sides, processes, run_args, threshold)
+    out.table(f"ab {sides[0].describe} -> {sides[1].describe}", result.table, name="ab")
+    out.flush()
+    out.note(f"Report: {folder}")
+    _verdicts_end(out, result, strict)
+
+
+history_app = typer.Typer(help="Keep reports over commits in a local SQLite store, and show each candidate's "
+                               "median over them.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(history_app, name="history")
+StoreOpt = Annotated[Path | None, typer.Option("--store", help="The history file [default: $KERNELBENCH_HISTORY, "
+                                                               "else kernelbench-history.sqlite here].")]
+
+
+@history_app.command("add", epilog=EXIT_CODES_HELP)
+def history_add(
+    report_dirs: Annotated[list[Path], typer.Argument(help="Report folders of run (results.csv and run.json).")],
+    store: StoreOpt = None,
+) -> None:
+    """Append reports to the store, keyed by GPU, torch / triton / CUDA versions and git sha (a
+    report already there is not added twice)."""
+    from .report.history import add_report, default_store
+
+    out = Output(Format.table)
+    path = store or default_store()
+    for folder in report_dirs:
+        with usage_errors(out):
+            added = add_report(path, folder)
+        out.note(f"{folder}: " + (f"{added.rows} timed row(s) of {added.sha or 'no git sha'} added to {path}"
+                                  if added.new else f"already in {path} (run {added.run_id}): nothing added"))
+
+
+@history_app.command("show", epilog=EXIT_CODES_HELP)
+def history_show(
+    op: Annotated[str, typer.Argument(help="The op whose history to show.")],
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="Only this workload.")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Only runs on this GPU (its name as reports give "
+                                                          "it).")] = None,
+    threshold: Annotated[float, typer.Option("--threshold", help="Smallest move from the current level called a "
+                                                                 "step, >= 0.")] = 0.05,
+    store: StoreOpt = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Also write history-*.png and "
+                                                                               "history.csv into this folder.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Each candidate's median over the stored runs (oldest first) with its interval, the change
+    from the run before, what changed in the environment, and step changes."""
+    from .report.history import default_store, history_table, load_series, plot_history
+    from .session.options import check_bound, check_output_dir
+
+    out = Output(fmt)
+    with usage_errors(out):
+        check_bound("--threshold", threshold, Bound(0))
+        check_output_dir(output_dir)
+        series = load_series(store or default_store(), op, workload, gpu)
+    if series.empty:
+        raise fail(out, f"no stored timing of {op}" + (f" -w {workload}" if workload else "")
+                   + (f" on {gpu}" if gpu else "") + f" in {store or default_store()}", Exit.NOTHING_RAN)
+    table = history_table(series, threshold)
+    out.table(f"history {op}", table, name="history")
+    out.flush()
+    steps = table[table["step"].str.startswith("step")]
+    if not steps.empty:
+        out.warn(f"{len(steps)} step change(s): " + "; ".join(
+            f"{r.candidate} {r.workload} {r.mode} at {r.commit}: {r.step}" for r in steps.itertuples()))
+    if output_dir:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        table.to_csv(output_dir / "history.csv", index=False)
+        from .report.plot import matplotlib_available
+
+        if matplotlib_available():
+            for path in plot_history(table, op, output_dir):
+                out.note(f"wrote {path}")
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -468,7 +660,8 @@ def plot_cmd(
     report_dirs: Annotated[list[Path], typer.Argument(help="Report folders (run, parity, train, or compare "
                                                            "--output-dir).")],
 ) -> None:
-    """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare."""
+    """Write PNG plots beside each report: sweeps, ratios to the anchor, parity, loss curves, compare, and
+    the spread of per-rep times."""
     out = Output(Format.table)
     from .report.plot import INSTALL_HINT, check_plottable, matplotlib_available, update_summary, write_plots
     from .report.writer import ReportError
@@ -482,7 +675,7 @@ def plot_cmd(
         raise fail(out, str(exc)) from None
     for folder in report_dirs:
         try:
-            paths = write_plots(folder)
+            paths = write_plots(folder, samples=True)
         except ReportError as exc:
             raise fail(out, str(exc)) from None
         if not paths:

@@ -27,7 +27,7 @@ def test_list_shows_every_op_and_why_a_candidate_cannot_run():
     assert "dist-adamw" in result.output and "Gloo" in result.output
 
 
-def test_run_writes_the_four_report_files(tmp_path):
+def test_run_writes_the_report_files(tmp_path):
     out = tmp_path / "r"
     result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "--rep-ms", "5", "--warmup-ms", "1",
                     "--parity-steps", "2", "--output-dir", out)
@@ -38,8 +38,14 @@ def test_run_writes_the_four_report_files(tmp_path):
         "run.json",
         "summary.md",
         "junit.xml",
+        "samples.csv.gz",
+        "rounds.csv",
     }
+    samples = pd.read_csv(out / "samples.csv.gz")
+    reps = samples[samples.metric == "time_median_ms"].groupby("candidate").size()
     rows = pd.read_csv(out / "results.csv")
+    counted = rows[rows.metric == "reps"].set_index("candidate")["value"]
+    assert reps.to_dict() == counted.astype(int).to_dict()  # every timed rep kept
     assert list(rows.columns) == list(ROW_FIELDS)
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
     assert medians.loc["torch-forloop", "status"] == "ok" and medians.loc["torch-forloop", "value"] > 0
@@ -173,7 +179,8 @@ def test_compare_same_run_is_clean_and_a_slower_row_is_exit_3(tmp_path):
     same = invoke("compare", base, base, "--output-dir", tmp_path / "cmp")
     assert same.exit_code == 0, same.output
     assert (tmp_path / "cmp" / "compare.csv").is_file()
-    # Crafted rows: a quiet base (IQR 1% of the median) and the same row 3x slower.
+    # Crafted rows without samples (as reports before they were kept): the IQR rule judges them.
+    # A quiet base (IQR 1% of the median) and the same row 3x slower.
     rows = pd.read_csv(base / "results.csv")
     is_median, is_iqr = rows.metric == "time_median_ms", rows.metric == "time_iqr_ms"
     rows.loc[is_iqr, "value"] = rows.loc[is_median, "value"].to_numpy() * 0.01
@@ -185,7 +192,8 @@ def test_compare_same_run_is_clean_and_a_slower_row_is_exit_3(tmp_path):
     rows.to_csv(slow / "results.csv", index=False)
     result = invoke("compare", base, slow)
     assert result.exit_code == 3, result.output
-    assert "regression" in result.output
+    assert "1 slower: adamw/tiny/step/torch-forloop" in result.output
+    assert "1 row(s) judged by the IQR rule" in result.output and "IQR rule (no samples)" in result.output
     noisy = rows.copy()
     noisy.loc[is_iqr, "value"] = noisy.loc[is_median, "value"].to_numpy() * 5  # IQR 5x the median
     noisy.to_csv(slow / "results.csv", index=False)

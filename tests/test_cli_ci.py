@@ -513,7 +513,9 @@ def _timed(cmd) -> float:
     [
         ("run", ["--parity-steps", "--parity-detail", "--format", "--steps", "dist-adamw only", "Exit codes"]),
         ("parity", ["--steps", "--parity-detail", "--format", "Exit codes"]),
-        ("compare", ["--threshold", "--force", "--allow-missing", "--output-dir", "print only", "Exit codes"]),
+        ("compare", ["--threshold", "--alpha", "--strict", "--force", "--allow-missing", "--output-dir", "print only",
+                     "Exit codes"]),
+        ("ab", ["--rounds", "--threshold", "--strict", "Exit codes"]),
         ("env", ["--json", "--ceilings"]),
         ("list", ["--workloads", "--format", "Exit codes"]),
     ],
@@ -533,7 +535,8 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "gpu-bench.yml").read_text())
     steps = workflow["jobs"]["bench"]["steps"]
     uses = {s["uses"].split("@")[0] for s in steps if "uses" in s}
-    assert uses <= {"actions/checkout", "actions/upload-artifact", "actions/download-artifact"}
+    assert uses <= {"actions/checkout", "actions/upload-artifact", "actions/download-artifact",
+                    "actions/cache/restore", "actions/cache/save"}
     by_name = {s.get("name"): s for s in steps}
 
     # Install: the same pip install, offline into a throwaway venv that sees this one's packages.
@@ -573,6 +576,9 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
         "KB_SUITE": str(suite),
         "GITHUB_STEP_SUMMARY": str(summary),
         "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        # One thread per timed call: on a shared 2-core machine, several make a row's reps spread
+        # by 100x, and compare holds so noisy a row to its own spread.
+        "OMP_NUM_THREADS": "1",
     }
 
     def step(name):
@@ -591,22 +597,45 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
     first = step("Run the CI suite")
     assert first.returncode == 0, first.stderr
     assert summary.read_text().count("# kernelbench run: complete") == 2  # summary.md in the job summary
-    # Timings of a loaded CPU move by several times between runs: main's report gets this run's rows.
+    # Timings of a loaded CPU move by several times between runs: main's report gets this run's rows
+    # and samples.
     new_rows = pd.read_csv(work / "bench-report" / "results.csv")
+    new_samples = pd.read_csv(work / "bench-report" / "samples.csv.gz")
     new_rows.to_csv(work / "base-report" / "results.csv", index=False)
+    new_samples.to_csv(work / "base-report" / "samples.csv.gz", index=False)
     same = step("Compare with main")
     assert same.returncode == 0, same.stderr
     assert "kernelbench compare: main -> this run (exit 0)" in summary.read_text()
 
-    # A regression fails the job with exit 3 and its table shows in the summary.
+    # A slower row fails the job with exit 3 and its table shows in the summary.
     rows = new_rows.copy()
     median, iqr = rows.metric == "time_median_ms", rows.metric == "time_iqr_ms"
     rows.loc[iqr, "value"] = 0.0
     rows.loc[median, "value"] = rows.loc[median, "value"] / 10  # main was 10x faster
     rows.to_csv(work / "base-report" / "results.csv", index=False)
+    new_samples.assign(ms=new_samples["ms"] / 10).to_csv(work / "base-report" / "samples.csv.gz", index=False)
     slower = step("Compare with main")
     assert slower.returncode == 3, slower.stderr
-    assert "(exit 3)" in summary.read_text() and "| regression |" in summary.read_text()
+    assert "(exit 3)" in summary.read_text() and "| slower |" in summary.read_text()
+
+    # On main: the report goes into the history store the cache keeps.
+    assert step("Add this run to the history").returncode == 0
+    assert (work / "kb-history" / "history.sqlite").is_file()
+
+    # The ab job, in a clone whose base branch is this commit: both sides time the tiny suite.
+    ab_steps = {s.get("name"): s for s in workflow["jobs"]["ab"]["steps"]}
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", ROOT, clone], check=True, timeout=120)
+    subprocess.run(["git", "update-ref", "refs/remotes/origin/kb-base", "HEAD"], cwd=clone, check=True)
+    ab_env = {**env, **workflow["jobs"]["ab"]["env"], "KB_SUITE": str(suite), "KB_AB_ROUNDS": "1",
+              "GITHUB_BASE_REF": "kb-base"}
+    ab = subprocess.run(["bash", "-eo", "pipefail", "-c", ab_steps["A/B against the base branch"]["run"]], cwd=clone,
+                        env=ab_env, capture_output=True, text=True, timeout=600)
+    # One process a side, at least 10 reps each: a verdict per row (which one, the CPU's noise decides).
+    assert ab.returncode in (0, 3) and "kernelbench ab: kb-base -> this pull request" in summary.read_text()
+    table = pd.read_csv(clone / "ab-report" / "compare.csv")
+    assert table.candidate.tolist() == ["torch-forloop"] and table.method.tolist() == ["rank test + bootstrap"]
+    assert {p.name for p in (clone / "ab-report").iterdir()} >= {"base-1", "new-1", "ab.json", "ab.md"}
 
 
 # -- 15. narrow terminals ------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The result row every report is made of: one (op, workload, mode, candidate, metric) figure.
 
 Whatever measures something (the runner, the dist-adamw launcher, ``train``) builds a
-:class:`Row`; sinks (the report writer) store its :meth:`Row.as_dict`. Nothing here imports torch.
+:class:`Row`; sinks (the report writer) store its :meth:`Row.as_dict`. The runner also hands
+sinks that take them (``add_round``) each round's per-rep times and the GPU's state in that round,
+as a :class:`RoundSamples`. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -92,3 +94,22 @@ class Tally:
 
 _TALLIED = {OK: "ok", PASS: "ok", FAIL: "failed", ERROR: "failed", SKIPPED: "skipped", NOT_MEASURED: "not_measured",
             SUSPECT: "suspect"}
+
+
+@dataclass(frozen=True)
+class RoundSamples:
+    """One round of one candidate: every rep's time in ms, in the order timed, and the GPU's
+    state read over the round (a :class:`~kernelbench.harness.gpustate.GpuState`, or None)."""
+
+    op: str
+    workload: str
+    mode: str
+    candidate: str
+    metric: str  # the row these times make: time_median_ms or host_per_call_ms
+    round: int
+    times: tuple[float, ...]
+    gpu: Any = None
+
+
+class SampleSink(Protocol):
+    def add_round(self, samples: RoundSamples) -> None: ...

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ops.base import Candidate, Op, Tolerance, UsageError, Workload
+from . import slowdown
 from .ceilings import CEILING_SLACK, Ceilings, measure_ceilings
+from .gpustate import GpuProbe, GpuState, open_probe
 from .guards import Call, observe, passthrough, stale, synchronize
 from .memory import peak_memory_delta
 from .parity import ParityTracker, TensorDiff, compare_tensors
-from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, Row, RowSink
+from .rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, ROW_FIELDS, SKIPPED, SUSPECT, RoundSamples, Row, RowSink
 from .settings import DEFAULT_PARITY_DETAIL, PARITY_DETAIL
 from .stats import Stats, summarize
 from .timing import HOST_MODE, TimingConfig, time_cpu, time_cuda, time_host
@@ -102,6 +104,12 @@ class _Emitter:
         self.summary.rows += 1
         self.sink.add(row.as_dict())
 
+    def samples(self, samples: RoundSamples) -> None:
+        """Per-rep times go to sinks that keep them (the report writer); others see rows only."""
+        add_round = getattr(self.sink, "add_round", None)
+        if add_round is not None:
+            add_round(samples)
+
     def count_check(self, op: Op, workload: Workload, mode: str, candidate: str, passed: bool) -> None:
         self.summary.parity_checks += 1
         if not passed:
@@ -120,32 +128,49 @@ class _Emitter:
 # ------------------------------------------------------------------------------------------------
 
 
+def cuda_probe() -> GpuProbe:
+    """A reader of the current CUDA device's clocks, temperature, power and throttle reasons."""
+    index = torch.cuda.current_device()
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "") or None
+    return open_probe(uuid, index)
+
+
 def run_benchmarks(plan: Iterable[PlanItem], device: str, sink: RowSink, *,
                    timing: TimingConfig = TimingConfig(), rounds: int | None = None, telemetry: bool = False,
-                   on_progress: Callable[[str], None] | None = None) -> RunSummary:
+                   on_progress: Callable[[str], None] | None = None,
+                   gpu_probe: GpuProbe | None = None) -> RunSummary:
     """Times every (candidate, workload, mode) of the plan; candidates of one workload are
     interleaved in ``rounds`` rounds (A B C A B C ...; default ``timing.rounds``) so drift hits
     them all alike. With ``telemetry``, cases that report telemetry (optimizers that offer it) add
-    its rows."""
+    its rows. On CUDA the GPU's state is read over every round (``gpu_probe``, by default NVML or
+    nvidia-smi), and a row timed while power or heat held the clocks down is flagged ``throttled``."""
     rounds = timing.rounds if rounds is None else rounds
+    slowdown.parse(os.environ.get(slowdown.ENV, ""))  # a malformed test hook stops the run before it starts
     summary = RunSummary()
     emit = _Emitter(sink, summary)
     ceilings = measure_ceilings(torch.cuda.current_device()) if device == "cuda" else None
-    for item in plan:
-        for workload in item.workloads:
-            for mode in item.modes:
-                if on_progress:
-                    on_progress(f"{item.op.name} {workload.name} {mode}")
-                _bench_group(item.op, item.candidates, workload, mode, device, timing, rounds,
-                             ceilings, telemetry, emit, summary)
-                _free_memory()
+    own_probe = gpu_probe is None
+    probe = (cuda_probe() if device == "cuda" else GpuProbe()) if own_probe else gpu_probe
+    try:
+        for item in plan:
+            for workload in item.workloads:
+                for mode in item.modes:
+                    if on_progress:
+                        on_progress(f"{item.op.name} {workload.name} {mode}")
+                    _bench_group(item.op, item.candidates, workload, mode, device, timing, rounds,
+                                 ceilings, telemetry, emit, summary, probe)
+                    _free_memory()
+    finally:
+        if own_probe:
+            probe.close()
     return summary
 
 
 def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: str, device: str,
                  timing: TimingConfig, rounds: int, ceilings: Ceilings | None, telemetry: bool,
-                 emit: _Emitter, summary: RunSummary) -> None:
-    cases, states = {}, {}
+                 emit: _Emitter, summary: RunSummary, probe: GpuProbe | None = None) -> None:
+    probe = probe or GpuProbe()
+    cases, states, runs, delays = {}, {}, {}, {}
     for cand in candidates:
         unmet = cand.requires.unmet(device)
         if unmet:
@@ -166,6 +191,10 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             case.run()
             states[cand.name] = case.state_bytes()
             cases[cand.name] = case
+            runs[cand.name] = case.run
+            fraction = slowdown.requested(op.name, workload.name, mode, cand.name)
+            if fraction:
+                runs[cand.name], delays[cand.name] = slowdown.slowed(case.run, case.prepare, fraction, device)
         except Exception as exc:  # one failing candidate must not stop the others
             summary.errors += 1
             emit(_row(op, workload, mode, cand.name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
@@ -176,12 +205,13 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         timing, rep_ms=timing.rep_ms / rounds, rounds=1,
         min_reps=max(1, timing.min_reps // rounds), max_reps=max(1, timing.max_reps // rounds),
     )
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    # Per candidate, each round's per-rep times and the GPU's state over that round.
+    rounds_of: dict[str, list[tuple[list[float], GpuState | None]]] = {name: [] for name in cases}
     host: dict[str, list[float]] = {name: [] for name in cases}
     modes: dict[str, str] = {}
     # Workloads marked host_timing also time each call on the host, in the same interleaved
     # rounds, so that the host's drift hits every candidate alike.
-    per_call: dict[str, list[float] | str] | None = (
+    per_call: dict[str, list[list[float]] | str] | None = (
         {name: [] for name in cases} if workload.spec.get("host_timing") else None)
     checked = [name for name, case in cases.items() if getattr(case, "pure", False) and op.get_candidate(name).parity]
     check = _OutputCheck(op, workload, mode, device, rounds) if checked else None
@@ -193,8 +223,9 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             try:
                 if check is not None and name in checked and round_index:
                     case.set_step(check.timed_step(round_index))  # fresh inputs, drawn untimed
-                sample = timer(case.run, case.prepare, per_round)
-                times[name].extend(sample.times)
+                token = probe.start()
+                sample = timer(runs[name], case.prepare, per_round)
+                rounds_of[name].append((sample.times, probe.finish(token)))
                 host[name].append(sample.host_ms)
                 modes[name] = sample.mode
                 if check is not None and name in checked:
@@ -202,23 +233,26 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             except Exception as exc:
                 summary.errors += 1
                 emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
-                del cases[name], times[name], host[name]
+                del cases[name], rounds_of[name], host[name]
                 _free_memory()
                 continue
             if per_call is not None and isinstance(per_call[name], list):
                 try:
-                    per_call[name].extend(time_host(case.run, case.prepare, per_round).times)
+                    per_call[name].append(time_host(runs[name], case.prepare, per_round).times)
                 except Exception as exc:  # the device rows stand; the host row says what failed
                     per_call[name] = _error_message(exc)
 
-    stats = {name: summarize(times[name], modes[name]) for name in cases}
+    stats = {name: summarize([t for times, _ in rounds_of[name] for t in times], modes[name]) for name in cases}
     anchor = stats.get(op.speed_anchor) if op.speed_anchor else None
     for name, case in cases.items():
         cand = op.get_candidate(name)
         summary.measured += 1
         host_ms = sorted(host[name])[len(host[name]) // 2]
         verdict = check.verdict(name) if check is not None and name in checked else None
-        for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device):
+        throttling = [f"round {i + 1}: {', '.join(gpu.throttled_by)}"
+                      for i, (_, gpu) in enumerate(rounds_of[name]) if gpu is not None and gpu.throttled]
+        for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device,
+                                throttling, delays.get(name)):
             if verdict is not None and not verdict.passed and row.metric in _TIME_METRICS:
                 flags = ",".join(filter(None, [row.flags, "wrong-output"]))
                 row = dataclasses.replace(row, status=SUSPECT, flags=flags,
@@ -229,6 +263,8 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                       PASS if verdict.passed else FAIL, verdict.message))
             if not verdict.passed:
                 summary.failures.append(f"{op.name}/{workload.name}/{mode}/{name} (timed result)")
+        for i, (times, gpu) in enumerate(rounds_of[name]):
+            emit.samples(RoundSamples(op.name, workload.name, mode, name, "time_median_ms", i + 1, tuple(times), gpu))
         if per_call is not None:
             _host_row(op, workload, mode, name, per_call[name], emit, summary)
         # Figures only the case can give (a model step's throughput, its optimizer's share).
@@ -353,19 +389,21 @@ class _OutputCheck:
         return _Verdict(True, [], what + ": a result of its inputs" + note)
 
 
-def _host_row(op: Op, workload: Workload, mode: str, name: str, times: list[float] | str,
+def _host_row(op: Op, workload: Workload, mode: str, name: str, rounds: list[list[float]] | str,
               emit: _Emitter, summary: RunSummary) -> None:
     """Per-call host time (workloads marked ``host_timing``: inputs so small that the host, not
-    the GPU, decides the speed), beside the device time of the same candidate; ``times`` from
-    every round, or the error that stopped them."""
-    if isinstance(times, str) or not times:
+    the GPU, decides the speed), beside the device time of the same candidate; ``rounds``: each
+    round's times, or the error that stopped them."""
+    if isinstance(rounds, str) or not rounds:
         summary.errors += 1
         emit(_row(op, workload, mode, name, "host_per_call_ms", None, "ms", ERROR,
-                  times or "no host time measured"))
+                  rounds or "no host time measured"))
         return
-    st = summarize(times, HOST_MODE)
+    st = summarize([t for times in rounds for t in times], HOST_MODE)
     emit(_row(op, workload, mode, name, "host_per_call_ms", st.median, "ms", OK,
               f"{HOST_MODE}; median of {st.reps} over interleaved rounds, IQR/median {st.relative_iqr:.1%}"))
+    for i, times in enumerate(rounds):
+        emit.samples(RoundSamples(op.name, workload.name, mode, name, "host_per_call_ms", i + 1, tuple(times)))
 
 
 def _interpreted_telemetry(op: Op, cand: Candidate, workload: Workload, device: str, mode: str,
@@ -405,11 +443,16 @@ HOST_BOUND_SHARE = 0.7
 
 
 def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats, host_ms: float,
-                 anchor: Stats | None, ceilings: Ceilings | None, device: str) -> list[Row]:
+                 anchor: Stats | None, ceilings: Ceilings | None, device: str,
+                 throttling: list[str] | None = None, test_delay_ms: float | None = None) -> list[Row]:
     flags = ["noisy"] if st.noisy else []
     host_bound = device == "cuda" and host_ms >= HOST_BOUND_SHARE * st.median
     if host_bound:
         flags.append("host-bound")
+    if throttling:
+        flags.append("throttled")
+    if test_delay_ms is not None:
+        flags.append("test-slowdown")
     nbytes = op.bytes_moved(workload, cand, mode)
     if device == "cuda" and nbytes is not None:
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -417,6 +460,8 @@ def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Sta
             flags.append("fits-in-L2")
     flag_text = ",".join(flags)
     noise = f"IQR/median {st.relative_iqr:.1%}" + (" > 10%: noisy" if st.noisy else "")
+    if throttling:
+        noise += "; clocks held down by power or heat: " + "; ".join(throttling)
     name = cand.name
     rows = [
         _row(op, workload, mode, name, "time_median_ms", st.median, "ms", OK, f"{st.mode}; {noise}", flag_text),
@@ -426,6 +471,10 @@ def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Sta
         _row(op, workload, mode, name, "time_min_ms", st.min, "ms", OK),
         _row(op, workload, mode, name, "reps", st.reps, "", OK),
     ]
+    if test_delay_ms is not None:
+        rows.append(_row(op, workload, mode, name, "test_slowdown_ms", test_delay_ms, "ms", OK,
+                         f"{slowdown.ENV}: idle work of this length followed every timed call (a test, not a result)",
+                         "test-slowdown"))
     if device == "cuda":
         rows.append(_row(op, workload, mode, name, "host_enqueue_ms", host_ms, "ms", OK,
                          "median host time to enqueue one call, from an empty launch queue" + (

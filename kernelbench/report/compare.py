@@ -1,9 +1,22 @@
-"""``compare BASE NEW``: the ratio of medians per matching row, and which rows regressed.
+"""``compare BASE NEW``: a verdict per matching timed row, and which rows make the job fail.
 
-A row regressed when new/base exceeds 1 + threshold, the threshold being the larger of the
-requested minimum (default 5%) and the relative IQR of either row: a slowdown inside the noise
-of the measurements themselves is not called a regression. A parity check that passed in BASE
-and fails in NEW is a regression too. Two reports with no row in common, or a NEW that lacks
+Where both reports kept per-rep samples (``samples.csv.gz``), a row is judged by a rank test and a
+bootstrap interval of new / base median (:func:`kernelbench.report.significance.judge`):
+``faster``, ``slower``, ``same`` or ``inconclusive``. Only ``slower`` (significantly slower by more
+than the threshold) fails a comparison; ``inconclusive`` rows are listed and fail only under
+``strict``. A row whose clocks were held down by power or heat on either side (``throttled``) gets
+no ``faster`` / ``slower`` verdict: ``inconclusive``.
+
+A row whose reps spread wider than the threshold (IQR / median, as host-bound rows do) is held to
+that spread instead: two runs are two processes, and such a row moves between processes by more
+than its samples within one can show.
+
+Where a side has no samples (a report written before they were kept), the row falls back to the
+rule those reports were judged by, and its ``method`` says so: slower when new / base exceeds
+1 + the threshold, the threshold raised to either row's IQR / median.
+
+A parity check that passed in BASE and fails in NEW, or a candidate that errors in NEW, is
+``broken`` and fails the comparison too. Two reports with no row in common, or a NEW that lacks
 rows BASE has (another op, a truncated file), are an error unless ``allow_missing``.
 """
 
@@ -12,41 +25,69 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..ops.base import UsageError
+from .samples import load_samples
+from .significance import ALPHA, FASTER, INCONCLUSIVE, SAME, SLOWER, judge
 from .writer import RUN_JSON, ReportError, load_report
 
 KEYS = ["op", "workload", "mode", "candidate"]
 # What must match for two runs' times to be comparable at all.
 FINGERPRINT_KEYS = ("device", "gpu_name", "torch", "triton")
+BROKEN = "broken"
+RANK_TEST = "rank test + bootstrap"
+IQR_RULE = "IQR rule (no samples)"
+TIME_METRIC = "time_median_ms"
+COLUMNS = [*KEYS, "base ms", "new ms", "ratio", "low", "high", "p", "threshold", "verdict", "method", "why"]
 
 
 @dataclass
 class Comparison:
-    table: pd.DataFrame  # one line per matched row
+    table: pd.DataFrame  # one line per matched row (COLUMNS)
     only_base: list[str]
     only_new: list[str]
     mismatches: list[str]
 
     @property
     def regressions(self) -> pd.DataFrame:
-        return self.table[self.table["verdict"] == "regression"]
+        """The rows that fail a comparison: slower, or broken."""
+        return self.table[self.table["verdict"].isin([SLOWER, BROKEN])]
+
+    @property
+    def inconclusive(self) -> pd.DataFrame:
+        return self.table[self.table["verdict"] == INCONCLUSIVE]
+
+    @property
+    def fallback_rows(self) -> int:
+        return int((self.table["method"] == IQR_RULE).sum()) if not self.table.empty else 0
 
 
 def _times(rows: pd.DataFrame) -> pd.DataFrame:
-    """(op, workload, mode, candidate) -> median and IQR of the timed rows."""
+    """(op, workload, mode, candidate) -> median, IQR and flags of the timed rows."""
     columns = ["time_median_ms", "time_iqr_ms"]
     ok = rows[rows["status"].isin(["ok", "pass", "fail"]) & rows["metric"].isin(columns)]
     if ok.empty:
-        return pd.DataFrame(columns=columns, index=pd.MultiIndex.from_tuples([], names=KEYS), dtype=float)
+        return pd.DataFrame(columns=[*columns, "flags"], index=pd.MultiIndex.from_tuples([], names=KEYS), dtype=float)
     ok = ok.assign(value=pd.to_numeric(ok["value"], errors="coerce"))
     wide = ok.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
-    return wide.reindex(columns=columns).dropna(subset=["time_median_ms"])
+    wide = wide.reindex(columns=columns).dropna(subset=["time_median_ms"])
+    flags = ok[ok["metric"] == "time_median_ms"].drop_duplicates(KEYS).set_index(KEYS)["flags"]
+    return wide.assign(flags=flags.reindex(wide.index).astype(object).fillna("").astype(str))
 
 
 def _parity(rows: pd.DataFrame) -> pd.Series:
     return rows[rows["metric"] == "parity"].set_index(KEYS)["status"]
+
+
+def _sample_groups(samples: pd.DataFrame | None) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """key -> (per-rep times, round of each) of the device-time rows."""
+    if samples is None:
+        return {}
+    timed = samples[samples["metric"] == TIME_METRIC]
+    return {key: (part["ms"].to_numpy(dtype=float), part["round"].to_numpy())
+            for key, part in timed.groupby(KEYS, sort=False)}
 
 
 def fingerprint_mismatches(base_env: dict, new_env: dict) -> list[str]:
@@ -57,13 +98,68 @@ def fingerprint_mismatches(base_env: dict, new_env: dict) -> list[str]:
     return out
 
 
-def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force: bool = False,
+def _iqr_rule(base_median: float, new_median: float, base_iqr: float, new_iqr: float,
+              threshold: float) -> tuple[str, float, str]:
+    """The rule for reports without samples: (verdict, the threshold used, why)."""
+    noises = [iqr / median for iqr, median in ((base_iqr, base_median), (new_iqr, new_median)) if median]
+    used = max([threshold] + [x for x in noises if not np.isnan(x)])
+    ratio = new_median / base_median
+    verdict = SLOWER if ratio > 1 + used else FASTER if ratio < 1 - used else SAME
+    return verdict, used, f"new / base {ratio:.4g} against 1 +- {used:.3g} (the threshold or IQR / median if larger)"
+
+
+def _relative_iqr(values: np.ndarray) -> float:
+    q25, q50, q75 = np.quantile(values, [0.25, 0.5, 0.75])
+    return float((q75 - q25) / q50) if q50 > 0 else 0.0
+
+
+def judge_rows(base_times: pd.DataFrame, new_times: pd.DataFrame, base_samples: dict, new_samples: dict, *,
+               threshold: float, alpha: float = ALPHA, noise_guard: bool = True) -> pd.DataFrame:
+    """A verdict for every key timed on both sides (COLUMNS, keys as columns). With
+    ``noise_guard`` (two separate runs, one process each), a row whose reps spread wider than the
+    threshold (IQR / median) is held to that spread: the samples of one process say nothing of how
+    much such a row moves from one process to the next. ``ab``, whose clusters are processes,
+    measures that and needs no guard."""
+    lines = []
+    for key in base_times.index.intersection(new_times.index):
+        b, n = base_times.loc[key], new_times.loc[key]
+        line = dict(zip(KEYS, key))
+        if key in base_samples and key in new_samples:
+            (bt, br), (nt, nr) = base_samples[key], new_samples[key]
+            noise = max(_relative_iqr(bt), _relative_iqr(nt)) if noise_guard else 0.0
+            used = max(threshold, noise)
+            j = judge(bt, nt, br, nr, threshold=used, alpha=alpha)
+            why = j.reason + (f" (a noisy row: held to its IQR / median, {noise:.1%})" if used > threshold else "")
+            line |= {"base ms": float(np.median(bt)), "new ms": float(np.median(nt)), "ratio": j.ratio,
+                     "low": j.low, "high": j.high, "p": j.p_value, "threshold": used, "verdict": j.verdict,
+                     "method": RANK_TEST, "why": why}
+        else:
+            verdict, used, why = _iqr_rule(b["time_median_ms"], n["time_median_ms"],
+                                           b.get("time_iqr_ms", 0.0), n.get("time_iqr_ms", 0.0), threshold)
+            missing = " and ".join(side for side, s in (("BASE", base_samples), ("NEW", new_samples)) if key not in s)
+            line |= {"base ms": b["time_median_ms"], "new ms": n["time_median_ms"],
+                     "ratio": n["time_median_ms"] / b["time_median_ms"], "low": np.nan, "high": np.nan, "p": np.nan,
+                     "threshold": used, "verdict": verdict, "method": IQR_RULE,
+                     "why": f"{why}; no samples in {missing}"}
+        throttled = [side for side, t in (("BASE", b), ("NEW", n)) if "throttled" in str(t.get("flags", "")).split(",")]
+        if throttled and line["verdict"] in (FASTER, SLOWER):
+            line["why"] = (f"{line['verdict']} by the numbers, but the clocks were held down by power or heat in "
+                           f"{' and '.join(throttled)} (flagged throttled): rerun; " + line["why"])
+            line["verdict"] = INCONCLUSIVE
+        lines.append(line)
+    return pd.DataFrame(lines, columns=COLUMNS)
+
+
+def compare_reports(base: Path, new: Path, *, threshold: float = 0.05, alpha: float = ALPHA, force: bool = False,
                     allow_missing: bool = False) -> Comparison:
-    if min_threshold < 0:
-        raise UsageError(f"--threshold {min_threshold:g}: must be >= 0 (0.05 = 5% slower)")
+    if threshold < 0:
+        raise UsageError(f"--threshold {threshold:g}: must be >= 0 (0.05 = 5% slower)")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha {alpha:g}: must be between 0 and 1 (0.01: 1% false alarms per row at most)")
     try:
         base_meta, base_rows = load_report(base)
         new_meta, new_rows = load_report(new)
+        base_samples, new_samples = load_samples(base), load_samples(new)
     except ReportError as exc:
         raise UsageError(str(exc)) from None
     for label, folder, rows in (("BASE", base, base_rows), ("NEW", new, new_rows)):
@@ -88,39 +184,17 @@ def compare_reports(base: Path, new: Path, *, min_threshold: float = 0.05, force
         raise UsageError(
             f"{base} / {new}: rows that are no kernelbench results ({type(exc).__name__}: {exc})"
         ) from None
-    joined = bt.add_suffix("_base").join(nt.add_suffix("_new"), how="inner")
-    table = pd.DataFrame(index=joined.index)
-    table["base ms"] = joined["time_median_ms_base"]
-    table["new ms"] = joined["time_median_ms_new"]
-    table["ratio"] = table["new ms"] / table["base ms"]
-    noise = (
-        pd.concat(
-            [
-                joined.get("time_iqr_ms_base", 0) / joined["time_median_ms_base"],
-                joined.get("time_iqr_ms_new", 0) / joined["time_median_ms_new"],
-            ],
-            axis=1,
-        )
-        .max(axis=1)
-        .fillna(0)
-    )
-    table["threshold"] = noise.clip(lower=min_threshold)
-    table["verdict"] = "same"
-    table.loc[table["ratio"] > 1 + table["threshold"], "verdict"] = "regression"
-    table.loc[table["ratio"] < 1 - table["threshold"], "verdict"] = "faster"
+    table = judge_rows(bt, nt, _sample_groups(base_samples), _sample_groups(new_samples),
+                       threshold=threshold, alpha=alpha).set_index(KEYS)
 
     both = bp.to_frame("base").join(np_.to_frame("new"), how="inner")
     broke = both[(both["base"] == "pass") & (both["new"] != "pass")]
     for key, row in broke.iterrows():
-        table.loc[key, ["verdict", "parity"]] = ["regression", f"parity {row['base']} -> {row['new']}"]
-    # A row timed in BASE that errors in NEW is a regression, not a missing row.
-    new_lead = new_rows[new_rows["metric"] == "time_median_ms"].drop_duplicates(KEYS).set_index(KEYS)
-    broken = new_lead[new_lead["status"] == "error"].index.intersection(bt.index)
-    for key in broken:
-        table.loc[key, ["verdict", "parity"]] = [
-            "regression",
-            "error in NEW: " + str(new_lead.loc[key, "message"])[:200],
-        ]
+        table.loc[key, ["verdict", "why"]] = [BROKEN, f"parity {row['base']} -> {row['new']}"]
+    # A row timed in BASE that errors in NEW is broken, not missing.
+    new_lead = new_rows[new_rows["metric"] == TIME_METRIC].drop_duplicates(KEYS).set_index(KEYS)
+    for key in new_lead[new_lead["status"] == "error"].index.intersection(bt.index):
+        table.loc[key, ["verdict", "why"]] = [BROKEN, "error in NEW: " + str(new_lead.loc[key, "message"])[:200]]
     table = table.reset_index()
     base_keys = bt.index.union(bp.index.drop_duplicates())
     new_keys = nt.index.union(np_.index.drop_duplicates())

@@ -40,13 +40,14 @@ class Format(str, Enum):
 
 
 STATUS_STYLE = {"ok": "green", "pass": "green", "faster": "green", "yes": "green", "fail": "bold red",
-                "error": "bold red", "regression": "bold red", "suspect": "bold yellow",
+                "error": "bold red", "regression": "bold red", "slower": "bold red", "broken": "bold red",
+                "inconclusive": "yellow", "suspect": "bold yellow",
                 "skipped": "dim", "not-measured": "yellow", "same": ""}
 STATUS_COLUMNS = ("status", "result", "verdict")
 # Columns of free text: wrapped on a terminal, never elsewhere.
-TEXT_COLUMNS = ("notes", "details", "message", "what", "runs here")
+TEXT_COLUMNS = ("notes", "details", "message", "what", "runs here", "why")
 # Free text a narrow table may hide (the report files keep it), the first hidden first.
-DETAIL_COLUMNS = ("what", "notes", "details", "message")
+DETAIL_COLUMNS = ("why", "what", "notes", "details", "message")
 # Columns that name a row: a stacked row's first line.
 KEY_COLUMNS = ("op", "workload", "mode", "candidate", "implementation", "key")
 MIN_TEXT_WIDTH = 12

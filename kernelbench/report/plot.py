@@ -11,7 +11,10 @@ What a folder holds decides what is drawn:
   against the workload's size, per candidate.
 - parity rows (``parity``, ``run --parity-steps``): ``parity-<op>.png``, the worst relative
   Frobenius error of each check, pass and fail coloured.
-- ``compare.csv`` (``compare -o``): ``compare.png``, new / base per row coloured by verdict.
+- ``compare.csv`` (``compare -o``, ``ab``): ``compare.png``, new / base per row coloured by
+  verdict, with the interval of the ratio where samples gave one.
+- ``samples.csv.gz`` (asked for by ``kernelbench plot``, not drawn into every report):
+  ``samples-<op>.png``, each row's per-rep times over its median, and each round's median.
 
 matplotlib is optional (``pip install 'kernelbench[plot]'``); without it the summary says how to
 get the plots. Figures are drawn through matplotlib's object API on the Agg canvas: no pyplot
@@ -30,7 +33,8 @@ import pandas as pd
 INSTALL_HINT = "pip install 'kernelbench[plot]'"
 KEYS = ["op", "workload", "mode", "candidate"]
 _STATUS_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "error": "#6a1b9a"}
-_VERDICT_COLOURS = {"faster": "#2e7d32", "same": "#757575", "regression": "#c62828"}
+_VERDICT_COLOURS = {"faster": "#2e7d32", "same": "#757575", "slower": "#c62828", "regression": "#c62828",
+                    "broken": "#6a1b9a", "inconclusive": "#ef6c00"}
 
 
 def matplotlib_available() -> bool:
@@ -391,6 +395,10 @@ def compare_figure(table: pd.DataFrame):
     ax = fig.subplots()
     y = range(len(table))
     ax.barh(y, table["ratio"], color=[_VERDICT_COLOURS.get(v, "0.5") for v in table["verdict"]])
+    if {"low", "high"} <= set(table.columns) and table["low"].notna().any():
+        low, high = table["low"].astype(float), table["high"].astype(float)
+        ax.errorbar(table["ratio"], y, xerr=[(table["ratio"] - low).fillna(0), (high - table["ratio"]).fillna(0)],
+                    fmt="none", ecolor="0.1", elinewidth=1, capsize=2, label="interval of the ratio")
     if "threshold" in table:
         ax.scatter(1 + table["threshold"], y, marker="|", color="0.1", s=60, label="1 + threshold")
         fig.legend(fontsize=8, loc="outside lower center")
@@ -411,6 +419,38 @@ def plot_compare(table: pd.DataFrame, folder: Path) -> Path:
     return _save(compare_figure(table), Path(folder) / "compare.png")
 
 
+def plot_samples(samples: pd.DataFrame, folder: Path) -> list[Path]:
+    """samples-<op>.png: per row, its per-rep times over the row's median (a box of the reps,
+    a dot per round's median): how noisy each row is, and whether its rounds agree."""
+    timed = samples[samples["metric"] == "time_median_ms"]
+    out = []
+    for op, part in timed.groupby("op", sort=False):
+        groups = list(part.groupby(KEYS[1:], sort=False))
+        fig = _figure(9, 1.4 + 0.3 * len(groups))
+        ax = fig.subplots()
+        relative, labels = [], []
+        for i, (key, rows) in enumerate(groups):
+            median = rows["ms"].median()
+            relative.append((rows["ms"] / median).to_numpy())
+            labels.append(" | ".join(map(str, key)) + f" ({median:.3g} ms)")
+            rounds = rows.groupby("round")["ms"].median() / median
+            ax.scatter(rounds, [i + 1] * len(rounds), color="#c62828", s=12, zorder=3,
+                       label="round median" if i == 0 else None)
+        try:
+            ax.boxplot(relative, orientation="horizontal", whis=(5, 95), showfliers=False, widths=0.6)
+        except TypeError:  # matplotlib before 3.10 names it vert=False
+            ax.boxplot(relative, vert=False, whis=(5, 95), showfliers=False, widths=0.6)
+        ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="0.2", lw=0.8)
+        ax.set_xlabel("per-rep time / the row's median (box: quartiles, whiskers: 5th-95th percentile)")
+        ax.set_title(f"{op}: spread of per-rep times")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="x", alpha=0.3)
+        out.append(_save(fig, folder / f"samples-{_safe(op)}.png"))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # entry points
 # ------------------------------------------------------------------------------------------------
@@ -428,14 +468,21 @@ def check_plottable(folder: Path) -> None:
                           f"or {PLOTTED_FILES[-1]})")
 
 
-def write_plots(folder: Path, rows: pd.DataFrame | None = None) -> list[Path]:
+def write_plots(folder: Path, rows: pd.DataFrame | None = None, *, samples: bool = False) -> list[Path]:
     """Every plot the folder's files support (see the module docstring); the paths written.
-    A file that cannot be read raises ReportError naming it."""
+    A file that cannot be read raises ReportError naming it. ``samples``: also the spread of
+    per-rep times (left out of reports as they are written, to keep a CI report small)."""
     from ..harness.rows import ROW_FIELDS
     from .writer import read_csv
 
     folder = Path(folder)
     out: list[Path] = []
+    if samples and (folder / "samples.csv.gz").is_file():
+        from .samples import load_samples
+
+        kept = load_samples(folder)
+        if kept is not None and not kept.empty:
+            out += plot_samples(kept, folder)
     if (folder / "losses.csv").is_file():
         losses = read_csv(folder / "losses.csv", ["step", "candidate", "seed", "loss"], what="losses")
         out += [p for p in [plot_losses(folder, losses)] if p is not None]

@@ -1,10 +1,12 @@
-"""The report folder of one invocation: results.csv, run.json, summary.md, junit.xml.
+"""The report folder of one invocation: results.csv, run.json, summary.md, junit.xml, and where
+anything was timed samples.csv.gz and rounds.csv (per-rep times, per-round medians and GPU
+state: see :mod:`kernelbench.report.samples`).
 
 ``results.csv`` is appended row by row as results arrive (and flushed), so a crash, Ctrl-C or
-SIGTERM keeps everything measured until then; ``run.json`` (the fingerprint, the ceilings, the
-outcome and a summary: the rows live in ``results.csv`` only) is rewritten at the start, every
-few seconds, and at the end; ``summary.md`` and ``junit.xml`` are written when the run closes,
-also when it closes on an exception or a signal.
+SIGTERM keeps everything measured until then (the samples at most a few seconds less);
+``run.json`` (the fingerprint, the ceilings, the outcome and a summary: the rows live in
+``results.csv`` only) is rewritten at the start, every few seconds, and at the end; ``summary.md``
+and ``junit.xml`` are written when the run closes, also when it closes on an exception or a signal.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..harness.rows import ROW_FIELDS, Row
+from ..harness.rows import ROW_FIELDS, RoundSamples, Row
 from ..ops.plugins import records as plugin_records
 from .plot import plots_markdown
+from .samples import SamplesFile
 from .tables import bench_table, parity_table, to_markdown
 
 RESULTS_CSV, RUN_JSON, SUMMARY_MD, JUNIT_XML = "results.csv", "run.json", "summary.md", "junit.xml"
@@ -53,6 +56,7 @@ class ReportWriter:
         self.outcome = "running"
         self._csv = self.folder / RESULTS_CSV
         pd.DataFrame(columns=list(ROW_FIELDS)).to_csv(self._csv, index=False)
+        self.samples = SamplesFile(self.folder)
         self._last_json = 0.0
         self._write_json()
 
@@ -62,6 +66,10 @@ class ReportWriter:
         pd.DataFrame([row], columns=list(ROW_FIELDS)).to_csv(self._csv, mode="a", header=False, index=False)
         if time.monotonic() - self._last_json > _JSON_EVERY_S:
             self._write_json()
+
+    def add_round(self, samples: RoundSamples) -> None:
+        """One round's per-rep times and GPU state (see harness.rows.SampleSink)."""
+        self.samples.add(samples)
 
     def set_ceilings(self, ceilings: dict) -> None:
         self.ceilings = ceilings
@@ -74,6 +82,7 @@ class ReportWriter:
         """outcome: complete / interrupted / failed; interruption: what stopped it (SIGTERM...)."""
         self.outcome = outcome
         self.interruption = interruption
+        self.samples.flush()
         self._write_json()
         markdown = self.summary_markdown() + plots_markdown(self.folder, self.frame())
         (self.folder / SUMMARY_MD).write_text(markdown)
@@ -113,6 +122,7 @@ class ReportWriter:
             "timed": {s: timed.count(s) for s in sorted(set(timed))},
             "parity_checks": {s: checks.count(s) for s in sorted(set(checks))},
             "timed_result_checks": {s: results.count(s) for s in sorted(set(results))},
+            **self.samples.summary(),
         }
 
     def summary_markdown(self) -> str:
@@ -132,6 +142,13 @@ class ReportWriter:
         if self.ceilings:
             lines += [f"Ceilings measured in this run: copy {self.ceilings['copy_gbps']:.0f} GB/s, "
                       f"bf16 matmul {self.ceilings['matmul_tflops']:.0f} TFLOP/s.", ""]
+        kept = self.samples.summary()
+        if kept:
+            throttled = kept["throttled_rows"]
+            lines += [f"Per-rep times: `{kept['samples_file']}` ({kept['reps']} reps); per round: "
+                      f"`{kept['rounds_file']}` (GPU state: {kept['gpu_state_source']}"
+                      + (f"; clocks held down by power or heat in {kept['throttled_rounds']} round(s) of "
+                         f"{len(throttled)} row(s), flagged `throttled`" if throttled else "") + ").", ""]
         frame = self.frame()
         bench, parity = bench_table(frame), parity_table(frame)
         if not bench.empty:

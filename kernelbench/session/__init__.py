@@ -7,6 +7,8 @@
 - :mod:`.plan`: entries checked against the registry and turned into the harness's plan.
 - :mod:`.session`: :class:`Session` runs a request into a report folder.
 - :mod:`.signals`: SIGTERM / SIGHUP end a run as Ctrl-C does. :mod:`.catalog`: what ``list`` shows.
+- :mod:`.ab`: two sides (git revisions or environments) timed in alternating processes of
+  ``kernelbench run``, their samples pooled for the verdicts.
 
 It knows the op interface and the registry, never a specific op; the CLI on top parses and
 prints. Nothing here imports torch at module level.

@@ -160,6 +160,7 @@ class RunOptions:
     parity_detail: str | None = _flag("--parity-detail")
     sweep: str | None = _flag("--sweep")
     plugins: list[str] | None = None  # --plugin: loaded before anything is checked; any op takes it
+    lock_clocks: bool | None = _flag("--lock-clocks")
     device: str = "auto"
     output_dir: Path | None = None
     op_options: dict[str, Any] = field(default_factory=dict)
@@ -226,6 +227,7 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
     return RunRequest("run", options.op, bench=(entry,), parity=parity, device=options.device,
                       timing=timing_config(options.timing_values()), seed=options.seed or 0,
                       telemetry=bool(options.telemetry), op_options=dict(options.op_options),
+                      lock_clocks=bool(options.lock_clocks),
                       output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL))
 
 
@@ -247,7 +249,7 @@ def _suite_request(options: RunOptions, listener: Listener, reported: list[Plugi
     device = options.device if options.device != "auto" else suite.settings.get("device", "auto")
     recorded = {k: v for k, v in suite.settings.items() if k not in USER_SETTINGS}
     return RunRequest("run", config.stem, bench=tuple(suite.bench), parity=tuple(suite.parity), device=device,
-                      timing=timing, seed=options.seed or 0,
+                      timing=timing, seed=options.seed or 0, lock_clocks=bool(options.lock_clocks),
                       output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL),
                       recorded=recorded)
 

@@ -48,7 +48,8 @@ class OutputSettings:
 class RunRequest:
     """Time ``bench`` and check ``parity`` on ``device`` into one report. ``op_options``: the
     options of ops that start their own processes (``--nproc``...), by flag; ``recorded``:
-    settings run.json keeps besides the timing (a suite's name)."""
+    settings run.json keeps besides the timing (a suite's name); ``lock_clocks``: the GPU's
+    application clocks locked for the run where permitted, and put back after it."""
 
     verb: str
     label: str
@@ -62,6 +63,7 @@ class RunRequest:
     output: OutputSettings = OutputSettings()
     recorded: dict[str, Any] = field(default_factory=dict)
     fsdp_nproc: int | None = None  # parity: each optimizer candidate under FSDP2 on this many ranks
+    lock_clocks: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ exit code. What should be shown while it runs goes to its
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,12 @@ class Session:
         recorded.update(op_settings)
 
         def work(writer) -> None:
+            with _clock_lock(self.listener, request.lock_clocks, device) as locked:
+                if locked is not None:
+                    writer.settings["lock_clocks"] = locked
+                measure(writer)
+
+        def measure(writer) -> None:
             if device == "cuda" and bench_plan:
                 import torch
 
@@ -170,6 +177,33 @@ class Session:
                 shutil.rmtree(folder, ignore_errors=True)
             raise usage_error
         return writer, interruption
+
+
+@contextmanager
+def _clock_lock(listener: Listener, wanted: bool, device: str) -> Iterator[str | None]:
+    """--lock-clocks: the application clocks locked while the run measures and put back after
+    it (on an interruption too); yields what was done, or None when not asked."""
+    if not wanted:
+        yield None
+        return
+    if device != "cuda":
+        listener.warn("--lock-clocks: no GPU in this run, nothing to lock")
+        yield "no GPU: nothing locked"
+        return
+    import torch
+
+    from ..harness.gpustate import ApplicationClockLock
+
+    index = torch.cuda.current_device()
+    lock = ApplicationClockLock(str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None, index)
+    message = lock.acquire()
+    (listener.note if lock.locked else listener.warn)(message)
+    try:
+        yield message
+    finally:
+        restored = lock.release()
+        if restored:
+            listener.note(restored)
 
 
 def _default_folder(verb: str, label: str) -> Path:
