@@ -33,7 +33,13 @@ def _muon(params):
     return Muon([{"params": params, "use_muon": True}], lr=0.02)
 
 
-OPTIMIZERS = {"TritonAdamW": _adamw, "AdamMini": _adam_mini, "Muon": _muon}
+def _adafactor(params):
+    from kernelbench.optim import Adafactor8bit
+
+    return Adafactor8bit(params, lr=1e-2)
+
+
+OPTIMIZERS = {"TritonAdamW": _adamw, "AdamMini": _adam_mini, "Muon": _muon, "Adafactor8bit": _adafactor}
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
