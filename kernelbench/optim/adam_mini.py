@@ -622,12 +622,7 @@ class AdamMini(torch.optim.Optimizer):
             if shard.group is not key[-1]:
                 raise ValueError(f"{_WHO}: {label} is sharded over another process group than the parameters "
                                  "launched with it; shard every parameter of a param group over one mesh.")
-            check_like_param(label, p, p.grad, _WHO)
-            lp, g = local_tensor(p), local_tensor(p.grad)
-            check_param_and_grad(label, lp, g, device, SUPPORTED_DTYPES, _WHO)
-            if not lp.is_contiguous() or not g.is_contiguous():
-                raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
-                                   "of the flattened tensor, so both must be contiguous.")
+            lp, g = self._checked_locals(p, label, device)
             part = self._parts[id(p)]
             state = self._init_state(p, part)
             m_key = "m_fp8" if m_dtype == "fp8" else "m"
@@ -680,6 +675,17 @@ class AdamMini(torch.optim.Optimizer):
             pr.copy_(pr.float() * decay - (m_new * step_size) * lr)
             mr.copy_(m_new)
 
+    @staticmethod
+    def _checked_locals(p: torch.Tensor, label: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local parameter and gradient a launch reads, checked (layout, type, device, storage)."""
+        check_like_param(label, p, p.grad, _WHO)
+        lp, g = local_tensor(p), local_tensor(p.grad)
+        check_param_and_grad(label, lp, g, device, SUPPORTED_DTYPES, _WHO)
+        if not lp.is_contiguous() or not g.is_contiguous():
+            raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
+                               "of the flattened tensor, so both must be contiguous (call .contiguous()).")
+        return lp, g
+
     def _label(self, p: torch.Tensor) -> str:
         return f"parameter '{self._names[id(p)]}' ({'x'.join(map(str, p.shape)) or 'scalar'})"
 
@@ -699,12 +705,7 @@ class AdamMini(torch.optim.Optimizer):
         local_params, grads, states, segments, scale_offsets = [], [], [], [], []
         for p, index in members:
             label = self._label(p)
-            check_like_param(label, p, p.grad, _WHO)
-            lp, g = local_tensor(p), local_tensor(p.grad)
-            check_param_and_grad(label, lp, g, device, SUPPORTED_DTYPES, _WHO)
-            if not lp.is_contiguous() or not g.is_contiguous():
-                raise RuntimeError(f"{_WHO}: {label} or its gradient is not contiguous; Adam-mini's blocks are runs "
-                                   "of the flattened tensor, so both must be contiguous (call .contiguous()).")
+            lp, g = self._checked_locals(p, label, device)
             part = self._parts[id(p)]
             state = self._init_state(p, part)
             local_state = {}
