@@ -33,16 +33,34 @@ Gradients: after a step the owned shard of each grad bucket holds the averaged g
 rest the local one; ``zero_grad()`` zeroes the buckets in place and keeps ``p.grad`` as views (so
 the next backward accumulates into them). A parameter whose grad is None is stepped with a zero
 gradient (as in DDP's buckets; torch.optim.AdamW would skip it).
+
+Overlap (``overlap_grad_reduce=True``). A post-accumulate-grad hook on every parameter counts the
+grads of its bucket; the backward produces the last parameters' grads first, so buckets are
+launched in reverse bucket order, each one as soon as it is complete and every bucket after it has
+been launched. That fixed order keeps the collectives in the same sequence on every rank, whatever
+order the hooks fire in; ``step()`` launches the buckets whose hooks never fired (unused params:
+zero grads, as above), then waits and updates as above. Between the backward and ``step()`` the
+grad buckets are being reduced in place: read or change ``p.grad`` only after ``step()``. For
+gradient accumulation run all but the last backward under ``with optimizer.no_sync():``; a second
+backward outside it, before ``step()``, into a bucket already launched raises.
+
+Gradient traffic in bf16 (``grad_comm_dtype=torch.bfloat16``): each bucket is cast into a bf16 copy
+that is reduce-scattered with SUM; the owned shard is upcast into the fp32 grad shard and scaled by
+1/W there. The moments, params and update stay fp32.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils.weak
 
 # Elements per alignment unit: 64 fp32 = 256 bytes, so every parameter view and every shard starts
 # on a boundary that vectorised loads (and TMA, which needs 16 bytes) are happy with.
@@ -63,6 +81,17 @@ TORCH_ADAMW_GROUP_EXTRAS = {
     "decoupled_weight_decay": True,
 }
 
+GRAD_COMM_DTYPES = (None, torch.float32, torch.bfloat16)
+
+# Parameter -> the overlapping ShardedAdamW whose hooks it carries (a weak reference), so that a
+# second optimizer over the same params is refused instead of launching a second set of reductions.
+_HOOKED_PARAMS: torch.utils.weak.WeakIdKeyDictionary = torch.utils.weak.WeakIdKeyDictionary()
+
+
+def _grad_ready_hook(owner: weakref.ref, bucket_index: int, position: int, param: torch.Tensor) -> None:
+    optimizer = owner()
+    if optimizer is not None:  # a collected optimizer leaves inert hooks behind
+        optimizer._grad_ready(bucket_index, position, param)
 
 
 def _reduce_scatter_single() -> Callable[..., Any]:
@@ -105,6 +134,8 @@ class _Bucket:
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     step: torch.Tensor  # 0-d fp32 on the params' device; the kernel increments it
+    comm_flat: torch.Tensor | None  # grad_flat cast to grad_comm_dtype for the wire (None: grad_flat itself)
+    comm_shard: torch.Tensor | None  # this rank's slice of comm_flat
 
 
 class ShardedAdamW(torch.optim.Optimizer):
@@ -126,6 +157,12 @@ class ShardedAdamW(torch.optim.Optimizer):
             backends are probed at construction for reduce-scatter with AVG, then with SUM (and a
             scale), then fall back to all-reduce SUM + list all-gather (old Gloo builds lack the
             flat-tensor collectives). Name a mode to force it.
+        overlap_grad_reduce: launch each bucket's reduce-scatter from the backward, as soon as its
+            params have their grads (module docstring, "Overlap"); needs torch >= 2.1. Use
+            ``no_sync()`` for all but the last backward of an accumulation.
+        grad_comm_dtype: dtype of the gradients on the wire. None (or fp32): the grads themselves,
+            reduced in fp32. ``torch.bfloat16``: half the traffic, at the cost of the roundings
+            listed in ``_finish_reduce``; the update stays fp32.
 
     Construction is collective (every rank must build it) and checks that the ranks agree on the
     parameter list; ``step()`` and ``consolidated_state_dict()`` are collective too. The params
@@ -147,6 +184,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         process_group: dist.ProcessGroup | None = None,
         gather_group: dist.ProcessGroup | None = None,
         comm: str = "auto",
+        overlap_grad_reduce: bool = False,
+        grad_comm_dtype: torch.dtype | None = None,
     ) -> None:
         if not 0.0 <= lr:
             raise ValueError(f"ShardedAdamW: invalid learning rate {lr}; accepted: lr >= 0")
@@ -163,6 +202,16 @@ class ShardedAdamW(torch.optim.Optimizer):
             raise ValueError(f"ShardedAdamW: bucket_bytes must be an int >= 4, got {bucket_bytes!r}")
         if comm not in COMM_MODES:
             raise ValueError(f"ShardedAdamW: unknown comm mode {comm!r}; accepted: {', '.join(COMM_MODES)}")
+        if grad_comm_dtype not in GRAD_COMM_DTYPES:
+            raise ValueError(
+                f"ShardedAdamW: grad_comm_dtype={grad_comm_dtype!r} is not supported; accepted: None "
+                "(the grads' own fp32), torch.float32 or torch.bfloat16"
+            )
+        if overlap_grad_reduce and not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            raise RuntimeError(
+                f"ShardedAdamW: overlap_grad_reduce=True needs torch >= 2.1 (Tensor.register_post_accumulate_"
+                f"grad_hook); this is torch {torch.__version__}. Pass overlap_grad_reduce=False"
+            )
 
         self._constructing = True
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize)
@@ -175,6 +224,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
         self.bucket_bytes = bucket_bytes
+        self.overlap_grad_reduce = bool(overlap_grad_reduce)
+        self.grad_comm_dtype = None if grad_comm_dtype == torch.float32 else grad_comm_dtype
         if gather_group is not None and (
             process_group is None
             or dist.get_world_size(gather_group) != self.world_size
@@ -202,11 +253,24 @@ class ShardedAdamW(torch.optim.Optimizer):
         from kernelbench.optim.adamw import adamw_step_flat  # defines Triton kernels: import late
 
         self._adamw_step_flat = adamw_step_flat
+        if self.overlap_grad_reduce:
+            self._check_not_hooked(all_params)
         self._buckets = self._build_buckets()
         for b in self._buckets:
             # Registered in self.state (keyed by the shard view) so that tools which sum the
             # tensors of optimizer.state see what this rank holds.
             self.state[b.param_shard] = {"step": b.step, "exp_avg": b.exp_avg, "exp_avg_sq": b.exp_avg_sq}
+
+        # The overlap's round: reset by every step(); empty while overlap_grad_reduce is off.
+        self._launch_order = list(reversed(range(len(self._buckets))))
+        self._sync = True
+        self._ready = [[False] * len(b.params) for b in self._buckets]
+        self._ready_count = [0] * len(self._buckets)
+        self._next_launch = 0  # position in _launch_order of the next bucket to launch
+        self._reductions: dict[int, Any] = {}  # bucket index -> its reduce-scatter's work (None: world 1)
+        self._hook_handles: list[Any] = []
+        if self.overlap_grad_reduce:
+            self._register_hooks()
 
     # -- construction ---------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -248,7 +312,11 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     def _signature(self) -> list[tuple[Any, ...]]:
         """What every rank must agree on, one entry per parameter (and the settings)."""
-        entries: list[tuple[Any, ...]] = [("bucket_bytes", self.bucket_bytes)]
+        entries: list[tuple[Any, ...]] = [
+            ("bucket_bytes", self.bucket_bytes),
+            ("overlap_grad_reduce", self.overlap_grad_reduce),
+            ("grad_comm_dtype", str(self.grad_comm_dtype)),
+        ]
         index = 0
         for g, group in enumerate(self.param_groups):
             hyper = tuple((k, group[k]) for k in ("lr", "betas", "eps", "weight_decay", "maximize"))
@@ -352,6 +420,9 @@ class ShardedAdamW(torch.optim.Optimizer):
             param_ptrs.append(pv.data_ptr())
             grad_views.append(gv)
         lo, hi = self.rank * shard, (self.rank + 1) * shard
+        comm_flat = None
+        if self.grad_comm_dtype is not None and self.world_size > 1:
+            comm_flat = torch.zeros(total, dtype=self.grad_comm_dtype, device=self.device)
         return _Bucket(
             index=index,
             group_index=group_index,
@@ -369,6 +440,8 @@ class ShardedAdamW(torch.optim.Optimizer):
             exp_avg=torch.zeros(shard, dtype=torch.float32, device=self.device),
             exp_avg_sq=torch.zeros(shard, dtype=torch.float32, device=self.device),
             step=torch.zeros((), dtype=torch.float32, device=self.device),
+            comm_flat=comm_flat,
+            comm_shard=None if comm_flat is None else comm_flat[lo:hi],
         )
 
     # -- the step -------------------------------------------------------------------------------
@@ -395,11 +468,112 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the gradient buckets in place, whatever ``set_to_none`` says: the grads are views
-        into the buckets and stay so, which lets backward accumulate straight into them."""
+        into the buckets and stay so, which lets backward accumulate straight into them. Reductions
+        launched by a backward whose step was skipped are waited for and dropped."""
+        self._drop_round()
         for b in self._buckets:
             b.grad_flat.zero_()
             for p, gv in zip(b.params, b.grad_views):
                 p.grad = gv
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside launch no reductions: their grads accumulate locally, and the first
+        backward outside (or ``step()``) reduces the sum. Harmless without overlap_grad_reduce."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def remove_hooks(self) -> None:
+        """Removes the overlap's grad hooks (the params may then be given to another optimizer);
+        from here on every bucket is reduced by ``step()``."""
+        self._drop_round()
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        for b in self._buckets:
+            for p in b.params:
+                if _HOOKED_PARAMS.get(p) is not None and _HOOKED_PARAMS[p]() is self:
+                    del _HOOKED_PARAMS[p]
+        self.overlap_grad_reduce = False
+
+    # -- overlap: hooks launch the reductions during the backward -------------------------------
+    def _check_not_hooked(self, params: list[torch.Tensor]) -> None:
+        for i, p in enumerate(params):
+            owner = _HOOKED_PARAMS.get(p)
+            if owner is not None and owner() is not None:
+                raise ValueError(
+                    f"ShardedAdamW: {self._param_name(i)} already carries the grad hooks of another "
+                    "ShardedAdamW with overlap_grad_reduce=True; call remove_hooks() on that one first "
+                    "(two sets of hooks would launch two reductions of the same gradient)"
+                )
+
+    def _register_hooks(self) -> None:
+        owner = weakref.ref(self)  # the hooks must not keep a discarded optimizer alive
+        for b in self._buckets:
+            for position, p in enumerate(b.params):
+                hook = functools.partial(_grad_ready_hook, owner, b.index, position)
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+                _HOOKED_PARAMS[p] = owner
+
+    @torch.no_grad()
+    def _grad_ready(self, bucket_index: int, position: int, param: torch.Tensor) -> None:
+        """Runs after the backward has accumulated ``param``'s grad (host bookkeeping, plus a copy
+        when the grad is not the bucket's view)."""
+        if not self._sync:
+            return
+        b = self._buckets[bucket_index]
+        if bucket_index in self._reductions:
+            raise RuntimeError(
+                f"ShardedAdamW: a second backward reached {self._param_name(b.param_indices[position])}, "
+                f"whose bucket {bucket_index} is already being reduced; call step() (or zero_grad()) "
+                "between backwards, or run all but the last backward of an accumulation under "
+                "`with optimizer.no_sync():`"
+            )
+        self._adopt_grad(b, position)
+        if not self._ready[bucket_index][position]:
+            self._ready[bucket_index][position] = True
+            self._ready_count[bucket_index] += 1
+        while self._next_launch < len(self._launch_order):
+            ready = self._launch_order[self._next_launch]
+            if self._ready_count[ready] < len(self._buckets[ready].params):
+                break
+            self._reductions[ready] = self._start_reduce_scatter(self._buckets[ready])
+            self._next_launch += 1
+
+    def _adopt_grad(self, b: _Bucket, position: int) -> None:
+        p, gv = b.params[position], b.grad_views[position]
+        self._check_home(p, b.param_ptrs[position], b.param_indices[position])
+        g = p.grad
+        if g is gv:
+            return
+        if g is None:
+            gv.zero_()
+        elif g.data_ptr() != gv.data_ptr() or g.stride() != gv.stride():
+            gv.copy_(g)
+        p.grad = gv
+
+    def _drop_round(self) -> None:
+        """Waits for the reductions already launched and forgets them and the hooks' counts."""
+        for index, work in self._reductions.items():
+            if work is not None:
+                self._wait(work, "reduce-scatter", self._buckets[index])
+        self._reductions = {}
+        if any(self._ready_count):
+            self._ready = [[False] * len(b.params) for b in self._buckets]
+            self._ready_count = [0] * len(self._buckets)
+        self._next_launch = 0
+
+    # -- the step's parts -----------------------------------------------------------------------
+    def _check_home(self, p: torch.Tensor, ptr: int, index: int) -> None:
+        if p.data_ptr() != ptr:
+            raise RuntimeError(
+                f"ShardedAdamW: {self._param_name(index)} no longer lives in the optimizer's flat "
+                "bucket (its .data was replaced, e.g. by .to(), .half() or a new tensor); build "
+                "the optimizer after moving or converting the model"
+            )
 
     def _collect_grads(self, b: _Bucket) -> None:
         """Makes bucket ``b``'s grad buffer hold the params' grads. Host-side pointer checks only
@@ -409,12 +583,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         communication of bucket b."""
         copy_dst, copy_src, zero = [], [], []
         for p, ptr, gv, i in zip(b.params, b.param_ptrs, b.grad_views, b.param_indices):
-            if p.data_ptr() != ptr:
-                raise RuntimeError(
-                    f"ShardedAdamW: {self._param_name(i)} no longer lives in the optimizer's flat "
-                    "bucket (its .data was replaced, e.g. by .to(), .half() or a new tensor); build "
-                    "the optimizer after moving or converting the model"
-                )
+            self._check_home(p, ptr, i)
             g = p.grad
             if g is gv:  # the common case: backward accumulated into the view
                 continue
@@ -431,27 +600,46 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     def _run(self, *, collect: bool, communicate: bool, update: bool) -> None:
         if self.world_size == 1 or not communicate:
+            self._drop_round()
             for b in self._buckets:
                 if collect:
                     self._collect_grads(b)
                 if update:
                     self._update(b)
             return
-        reductions = []
-        for b in self._buckets:
+        # With overlap the hooks have launched a prefix of _launch_order; the rest follows it.
+        order = self._launch_order if self.overlap_grad_reduce else range(len(self._buckets))
+        for index in order:
+            if index in self._reductions:
+                continue
+            b = self._buckets[index]
             if collect:
                 self._collect_grads(b)
-            reductions.append(self._start_reduce_scatter(b))
+            self._reductions[index] = self._start_reduce_scatter(b)
+        reductions = self._reductions
+        self._reductions = {}
+        self._drop_round()
         gathers = []
-        for b, work in zip(self._buckets, reductions):
-            self._wait(work, "reduce-scatter", b)
-            if self.comm != "reduce-scatter-avg":
-                b.grad_shard.mul_(1.0 / self.world_size)
+        for index in order:
+            b = self._buckets[index]
+            self._wait(reductions[index], "reduce-scatter", b)
+            self._finish_reduce(b)
             if update:
                 self._update(b)
-            gathers.append(self._start_all_gather(b))
-        for b, work in zip(self._buckets, gathers):
+            gathers.append((b, self._start_all_gather(b)))
+        for b, work in gathers:
             self._wait(work, "all-gather", b)
+
+    def _finish_reduce(self, b: _Bucket) -> None:
+        """Turns the reduced shard into the averaged fp32 gradient in ``b.grad_shard``."""
+        if b.comm_shard is not None:
+            # Rounded to bf16: each rank's grad (the cast before sending) and the sum over the ranks
+            # (the collective stores bf16 after each addition: once for 2 ranks). Exact: the
+            # upcast. In fp32: the 1/W scale, the moments and the update.
+            b.grad_shard.copy_(b.comm_shard)
+            b.grad_shard.mul_(1.0 / self.world_size)
+        elif self.comm != "reduce-scatter-avg":
+            b.grad_shard.mul_(1.0 / self.world_size)
 
     def _update(self, b: _Bucket) -> None:
         group = b.group
@@ -470,12 +658,19 @@ class ShardedAdamW(torch.optim.Optimizer):
         )
 
     def _start_reduce_scatter(self, b: _Bucket) -> Any:
+        if self.world_size == 1:
+            return None  # a single process: the grads are already the average
+        flat, shard, op = b.grad_flat, b.grad_shard, dist.ReduceOp.SUM
+        if b.comm_flat is not None:
+            b.comm_flat.copy_(b.grad_flat)
+            flat, shard = b.comm_flat, b.comm_shard
+        elif self.comm == "reduce-scatter-avg":
+            op = dist.ReduceOp.AVG
         try:
             if self.comm == "all-reduce":
-                return dist.all_reduce(b.grad_flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
-            op = dist.ReduceOp.AVG if self.comm == "reduce-scatter-avg" else dist.ReduceOp.SUM
+                return dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
             # In place: the output is this rank's slice of the input, which NCCL and Gloo allow.
-            return _reduce_scatter_single()(b.grad_shard, b.grad_flat, op=op, group=self.process_group, async_op=True)
+            return _reduce_scatter_single()(shard, flat, op=op, group=self.process_group, async_op=True)
         except RuntimeError as error:
             raise self._comm_error("reduce-scatter", b, error) from error
 
