@@ -313,7 +313,8 @@ def _emit_rows(row, cand: TrainCandidate, outcome: Outcome, settings: TrainSetti
             f"median step (forward, backward, clip, optimizer step; {what}), first 2 steps excluded",
         )
         row(cand.name, "tokens_per_s", log.tokens_per_s, "tokens/s", OK, f"{log.tokens_per_step} tokens per step")
-    row(cand.name, "state_bytes", log.state_bytes, "B", OK, "bytes of the optimizer's state tensors")
+    row(cand.name, "state_bytes", log.state_bytes, "B", OK,
+        "bytes of the optimizer's state tensors, plus buffers it keeps between steps (Muon's graph inputs/outputs)")
     row(cand.name, "wall_s", log.wall_s, "s", OK, "the whole run, set-up included")
     row(
         cand.name,
