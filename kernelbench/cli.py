@@ -611,6 +611,9 @@ def train_cmd(
                                                                       "their spread is the band [default: 3].")] = None,
     model: Annotated[str | None, typer.Option("--model", help="A kernelbench.models config (default: llama-7m on "
                                                               "CUDA, llama-tiny on the CPU).")] = None,
+    data: Annotated[str | None, typer.Option(
+        "--data", help="The token stream: markov (learnt in a few dozen steps) or slow-chain (hundreds) "
+                       "[default: markov].")] = None,
     candidate: CandidateOpt = None,
     state: StateOpt = None,
     device: DeviceOpt = "auto",
@@ -631,7 +634,7 @@ def train_cmd(
     out = Output(fmt)
     with usage_errors(out):
         request = TrainRequest(op, device=device, model=model, steps=steps, batch=batch, seq=seq, seed=seed, lr=lr,
-                               rtol=rtol, ref_seeds=ref_seeds, candidates=candidate,
+                               rtol=rtol, ref_seeds=ref_seeds, data=data, candidates=candidate,
                                tags={"state": state} if state else {}, output=OutputSettings(output_dir),
                                fsdp_nproc=check_fsdp(fsdp, nproc), plugins=plugin)
         check_train(request, Shown(out))

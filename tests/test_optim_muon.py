@@ -134,3 +134,26 @@ def test_registered_candidate_matches_reference_on_cpu_workload():
     for name, value in expected.items():
         if value.is_floating_point() and value.dim() > 0:
             assert rel_fro(actual[name], value) <= tol.fro, name
+
+
+def test_workspace_bytes_count_the_graph_buffers_of_its_own_shapes(monkeypatch):
+    """Muon counts, beside its state, the static buffers of the cached Newton-Schulz graphs of the
+    (batch, rows, cols) calls it made: none on the CPU, and only its own shapes."""
+    from kernelbench.newton_schulz import routing
+    from kernelbench.train import optimizer_state_bytes
+
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(8, 16, generator=gen)) for _ in range(2)]
+    opt = Muon([{"params": params, "use_muon": True}], ns_path="torch")
+    for p in params:
+        p.grad = torch.randn(8, 16, generator=gen)
+    opt.step()
+    assert opt.workspace_bytes() == 0 and optimizer_state_bytes(opt) == 2 * 8 * 16 * 4
+
+    class FakeCall:
+        static_bytes = 1000
+
+    key = ("torch", 5, 1e-7, (2, 8, 16), torch.float32, torch.device("cpu"), 0)
+    monkeypatch.setitem(routing._GRAPHS, key, FakeCall())
+    monkeypatch.setitem(routing._GRAPHS, key[:3] + ((3, 8, 16),) + key[4:], FakeCall())  # another shape
+    assert opt.workspace_bytes() == 1000 and optimizer_state_bytes(opt) == 2 * 8 * 16 * 4 + 1000

@@ -27,7 +27,8 @@ from kernelbench.train import (
     train,
     with_changes,
 )
-from kernelbench.train.band import first_nonfinite, first_step_outside, judge, running_loss
+from kernelbench.train.band import first_nonfinite, first_step_leaving, first_step_outside, judge, running_loss
+from kernelbench.train.data import SlowChainStream, make_stream
 from kernelbench.train.run import LOSS_COLUMNS
 
 runner = CliRunner()
@@ -103,6 +104,24 @@ def test_first_step_outside_and_the_verdict():
     assert not v.passed and v.nonfinite_step == 40 and first_step_outside(blown, per_step, window) == 40
 
 
+def test_one_noisy_step_stays_and_a_sustained_excursion_fails_with_the_final_loss_inside():
+    refs = [_curve(2.0), _curve(2.0) + 0.01, _curve(2.0) - 0.01]
+    window = tail_window(50)  # 5 steps
+    band, per_step = make_band(refs, 0.01, window), step_band(refs, 0.01, window)
+    spike = _curve(2.0).copy()
+    spike[20] += 1.0  # one noisy step: the running loss is outside for `window` steps, then back
+    v = judge(spike, band, per_step, window)
+    assert v.first_outside == 20 and v.steps_outside == window and v.left_band is None and v.passed
+    detour = _curve(2.0).copy()
+    detour[10:30] += 0.5  # 20 steps off course, then back on the reference's curve
+    v = judge(detour, band, per_step, window)
+    assert band.contains(v.final) and abs(v.gap) <= 1  # the final loss alone would pass
+    assert v.left_band == 10 == first_step_leaving(detour, per_step, window) and not v.passed
+    late = _curve(2.0).copy()
+    late[-3:] += 0.5  # outside at the end, shorter than the window: still leaves (the final loss is out)
+    assert first_step_leaving(late, per_step, window) == 47
+
+
 # -- data -----------------------------------------------------------------------------------------
 
 def test_markov_stream_floor_determinism_and_data_orders():
@@ -122,6 +141,18 @@ def test_markov_stream_floor_determinism_and_data_orders():
     assert identity.shape == (32, 8) and torch.equal(identity.flatten(), torch.arange(256))
     assert not torch.equal(shuffled, identity) and torch.equal(shuffled.flatten().sort().values, torch.arange(256))
     assert torch.equal(shuffled, a.order(1, 8))
+
+
+def test_slow_chain_copies_through_a_permutation_and_its_floor():
+    s = SlowChainStream(32, n_sequences=64, seq=12, seed=2, lag=5)
+    assert torch.equal(s.tokens[:, 5:], s.perm[s.tokens[:, :-5]])
+    assert torch.equal(s.perm.sort().values, torch.arange(32))
+    assert s.stats.entropy_rate == pytest.approx(4 / 12 * math.log(32)) and "slow chain" in s.stats.describe()
+    made = make_stream("slow-chain", 32, n_sequences=64, seq=12, seed=2, successors=8, device="cpu")
+    assert torch.equal(made.tokens[:, :6], SlowChainStream(32, n_sequences=64, seq=12, seed=2).tokens[:, :6])
+    assert s.order(3, 8).shape == (8, 8)
+    with pytest.raises(ValueError, match="unknown data set"):
+        make_stream("nope", 32, n_sequences=4, seq=4, seed=0, successors=2, device="cpu")
 
 
 def test_state_bytes_count_each_storage_once():
@@ -176,6 +207,30 @@ def test_band_passes_another_data_order_and_fails_a_10x_learning_rate(tmp_path):
     state = rows[rows.metric == "state_bytes"].set_index("candidate")["value"]
     n_params = CONFIGS[settings.model].n_params()
     assert (state >= 8 * n_params).all() and (state <= 8 * n_params + 4 * 64).all()
+
+
+@pytest.mark.slow
+def test_slow_chain_trajectory_band_order_stays_10x_lr_leaves(tmp_path):
+    """On the slow chain the reference is still on its plateau after 120 steps. Another data order
+    stays in the band at every step; a 10x learning rate leaves the band early and fails although
+    its final loss is inside the band."""
+    settings = TrainSettings.defaults("cpu", steps=120, batch=8, ref_seeds=2, data="slow-chain")
+    ref = resolve("adamw", CONFIGS[settings.model], names=["torch-fused"])[0]
+    cands = [ref, with_changes(ref, "order-7", order_seed=7), with_changes(ref, "lr-10x", lr_factor=10)]
+    sink = Rows()
+    result = train("adamw", cands, settings, sink, tmp_path)
+    out = {o.name: o for o in result.outcomes}
+    assert {n: o.status for n, o in out.items()} == {"torch-forloop": "pass", "order-7": "pass", "lr-10x": "fail"}
+    assert result.band.mean > 0.95 * math.log(CONFIGS[settings.model].vocab_size)  # not learnt in 120 steps
+    assert out["order-7"].verdict.left_band is None
+    lr10 = out["lr-10x"].verdict
+    assert lr10.left_band is not None and lr10.left_band < 60 and "left the band at step" in out["lr-10x"].message
+    rows = pd.DataFrame(sink.rows)
+    left = rows[rows.metric == "step_left_band"].set_index("candidate")["value"]
+    assert left["lr-10x"] == lr10.left_band and pd.isna(left["order-7"])
+    doc = json.loads((tmp_path / "train.json").read_text())
+    assert doc["settings"]["data"] == "slow-chain" and doc["data"]["lag"] == settings.seq // 2
+    assert next(c for c in doc["candidates"] if c["name"] == "lr-10x")["step_left_band"] == lr10.left_band
 
 
 # -- the CLI --------------------------------------------------------------------------------------
@@ -245,6 +300,7 @@ def test_cli_train_exit_4_when_the_reference_cannot_run(tmp_path, monkeypatch):
     (["adamw", "--seq", "65"], "at most 64 positions"),
     (["adamw", "--model", "llama-huge"], "unknown model 'llama-huge'"),
     (["adamw", "--steps", "0"], "--steps 0"),
+    (["adamw", "--data", "nope"], "unknown data set 'nope'"),
     (["adamw", "-c", "nope"], "unknown candidate of op 'adamw' 'nope'"),
     (["rmsnorm", "-c", "nope"], "Valid: auto, kernelbench, liger,"),  # the layer sets and the op's candidates
     (["adam-mini", "--state", "fp4"], "accepted: fp32, bf16, fp8"),

@@ -14,9 +14,10 @@ from .routing import (
     choose_path,
     choose_route,
     clear_graph_cache,
+    graph_static_bytes,
     newton_schulz,
     newton_schulz_ref,
 )
 
-__all__ = ["NS_COEFFICIENTS", "choose_path", "choose_route", "clear_graph_cache", "newton_schulz",
+__all__ = ["NS_COEFFICIENTS", "choose_path", "choose_route", "clear_graph_cache", "graph_static_bytes", "newton_schulz",
            "newton_schulz_ref"]

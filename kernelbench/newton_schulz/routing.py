@@ -200,6 +200,11 @@ class _GraphedCall:
     iteration's bf16 work matrices, about 2 + 4 matrices of G's size) stay allocated, in the
     graph's private memory pool, until clear_graph_cache(). One graph per stream: two streams
     replaying one graph's buffers at once would race.
+
+    Between calls, the input and output (``static_bytes``) stay allocated; the work matrices are
+    freed at the end of capture into a memory pool that every graph of the same device and stream
+    shares, so the pool holds the largest call's work matrices, not the sum over shapes (replays on
+    one stream never overlap, so one graph's work matrices are dead while another's run).
     """
 
     def __init__(self, G: torch.Tensor, steps: int, path: str, eps: float) -> None:
@@ -216,8 +221,13 @@ class _GraphedCall:
         self.graph = torch.cuda.CUDAGraph()
         # On the side stream: torch.cuda.graph's default capture stream belongs to the device of its
         # first use, and capturing on another GPU's stream would switch the launches to that GPU.
-        with torch.cuda.graph(self.graph, stream=side):
+        with torch.cuda.graph(self.graph, stream=side, pool=_shared_pool(G.device, caller.cuda_stream)):
             self.output, self.norm = _run(self.input, steps, path, eps)
+
+    @property
+    def static_bytes(self) -> int:
+        """Bytes this graph keeps allocated between calls: its static input, output and norm."""
+        return sum(t.untyped_storage().nbytes() for t in (self.input, self.output, self.norm) if t is not None)
 
     def __call__(self, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.input.copy_(G)
@@ -226,6 +236,14 @@ class _GraphedCall:
 
 
 _GRAPHS: dict[tuple, _GraphedCall] = {}
+_POOLS: dict[tuple, tuple] = {}  # (device, caller stream) -> the memory pool its graphs share
+
+
+def _shared_pool(device: torch.device, stream: int) -> tuple:
+    key = (device, stream)
+    if key not in _POOLS:
+        _POOLS[key] = torch.cuda.graph_pool_handle()
+    return _POOLS[key]
 MAX_GRAPHS = 32  # distinct (shape, dtype, path, stream) calls kept; the oldest goes first
 
 
@@ -242,3 +260,12 @@ def _graphed_call(G: torch.Tensor, steps: int, path: str, eps: float) -> tuple[t
 def clear_graph_cache() -> None:
     """Drop every captured call and its buffers (they are recaptured on next use)."""
     _GRAPHS.clear()
+    _POOLS.clear()
+
+
+def graph_static_bytes(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> int:
+    """Bytes the cached graphs of calls on a G of this shape, dtype and device keep allocated
+    between calls (their static input, output and norm; every path, step count and stream)."""
+    device = torch.device(device)
+    return sum(call.static_bytes for key, call in _GRAPHS.items()
+               if key[3] == tuple(shape) and key[4] == dtype and key[5] == device)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from kernelbench.newton_schulz import newton_schulz, newton_schulz_ref
+from kernelbench.newton_schulz import graph_static_bytes, newton_schulz, newton_schulz_ref
 
 from ._sharding import check_like_param, is_dtensor, local_tensor, row_shard
 
@@ -161,6 +161,13 @@ class Muon(_MuonBase):
     def __init__(self, params: Any, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self._stacks: dict[tuple[int, ...], torch.Tensor] = {}
+        self._ns_calls: set[tuple] = set()  # (shape, dtype, device) of each batched Newton-Schulz call
+
+    def workspace_bytes(self) -> int:
+        """Bytes held between steps beyond ``state``: the static input, output and norm of the
+        CUDA graphs that replay this optimizer's Newton-Schulz calls (none off CUDA). The graphs'
+        bf16 work matrices live in a pool shared by every shape, freed between replays."""
+        return sum(graph_static_bytes(*call) for call in self._ns_calls)
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
@@ -217,6 +224,7 @@ class Muon(_MuonBase):
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp_(buf, momentum) if group["nesterov"] else buf
                 ortho = newton_schulz(update, group["ns_steps"], path=group["ns_path"], check_finite=False)
+                self._ns_calls.add((tuple(update.shape), update.dtype, update.device))
                 if group["weight_decay"]:
                     torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-lr * update_scale(shape))

@@ -81,6 +81,7 @@ class TrainRequest:
     lr: float | None = None
     rtol: float | None = None
     ref_seeds: int | None = None
+    data: str | None = None  # the token stream (kernelbench.train.data.DATA_SETS)
     candidates: list[str] | None = None
     tags: dict[str, str] = field(default_factory=dict)
     output: OutputSettings = OutputSettings()

@@ -123,7 +123,8 @@ class Session:
         device = resolve_device(request.device)
         settings = TrainSettings.defaults(device, model=request.model, steps=request.steps, batch=request.batch,
                                           seq=request.seq, seed=request.seed, lr=request.lr, rtol=request.rtol,
-                                          ref_seeds=request.ref_seeds, fsdp_nproc=request.fsdp_nproc)
+                                          ref_seeds=request.ref_seeds, fsdp_nproc=request.fsdp_nproc,
+                                          data=request.data)
         config = settings.validate()
         candidates = resolve(request.op, config, lr=request.lr, names=request.candidates, tags=request.tags)
         folder = request.output.folder or _default_folder("train", request.op)

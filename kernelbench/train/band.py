@@ -8,8 +8,11 @@ band units is ``(final - m) / H`` (within +-1 passes). Two-sided on purpose: a c
 ends well below the reference does not train like it either.
 
 Per step, the same band is built from the seeds' *running loss* (the trailing mean over the same
-window as the tail), and the first step where a candidate's running loss is outside it is
-reported: at the last step the running loss is the final loss, so the two views agree there.
+window as the tail). The trajectory *leaves* the band at the first step that starts a stretch of
+more than ``window`` consecutive steps outside it (or ends the run outside): one noisy step moves
+the running loss for ``window`` steps only, so it alone never counts. A candidate whose
+trajectory leaves the band fails even when its final loss is inside. At the last step the
+running loss is the final loss, so the two views agree there.
 """
 
 from __future__ import annotations
@@ -119,12 +122,32 @@ def step_band(reference_losses: list[np.ndarray], rtol: float, window: int) -> S
     return StepBand(mean, spread + rtol * np.abs(mean))
 
 
-def first_step_outside(losses: np.ndarray, band: StepBand, window: int) -> int | None:
-    """The first step whose running loss is outside the per-step band (or non-finite)."""
+def steps_outside(losses: np.ndarray, band: StepBand, window: int) -> np.ndarray:
+    """Per step: whether the running loss is outside the per-step band (NaN counts as outside)."""
     run = running_loss(losses, window)
     n = min(len(run), len(band.mean))
-    outside = ~(np.abs(run[:n] - band.mean[:n]) <= band.half_width[:n])  # NaN counts as outside
+    return ~(np.abs(run[:n] - band.mean[:n]) <= band.half_width[:n])
+
+
+def first_step_outside(losses: np.ndarray, band: StepBand, window: int) -> int | None:
+    """The first step whose running loss is outside the per-step band (or non-finite)."""
+    outside = steps_outside(losses, band, window)
     return int(np.argmax(outside)) if outside.any() else None
+
+
+def first_step_leaving(losses: np.ndarray, band: StepBand, window: int) -> int | None:
+    """The first step of the first stretch of more than ``window`` consecutive steps outside the
+    band, or of a stretch outside that lasts to the end of the run; None if there is none."""
+    outside = steps_outside(losses, band, window)
+    start = None
+    for step, out in enumerate(outside):
+        if not out:
+            start = None
+            continue
+        start = step if start is None else start
+        if step - start + 1 > window:
+            return start
+    return start  # outside at the last step: the final loss is outside too
 
 
 @dataclass(frozen=True)
@@ -132,12 +155,18 @@ class Verdict:
     final: float
     gap: float
     passed: bool
-    first_outside: int | None
+    first_outside: int | None  # the first step outside the band, however briefly
     nonfinite_step: int | None
+    left_band: int | None = None  # where the trajectory left the band (first_step_leaving)
+    steps_outside: int = 0  # steps whose running loss is outside the band
 
 
 def judge(losses: np.ndarray, band: Band, steps_band: StepBand, window: int) -> Verdict:
+    """Passes when every loss is finite, the final loss is in the band and the trajectory never
+    leaves the band (first_step_leaving)."""
     nonfinite = first_nonfinite(losses)
     final = final_loss(losses, window) if nonfinite is None else math.nan
-    return Verdict(final, band.gap(final), nonfinite is None and band.contains(final),
-                   first_step_outside(losses, steps_band, window), nonfinite)
+    left = first_step_leaving(losses, steps_band, window)
+    passed = nonfinite is None and band.contains(final) and left is None
+    return Verdict(final, band.gap(final), passed, first_step_outside(losses, steps_band, window), nonfinite,
+                   left, int(steps_outside(losses, steps_band, window).sum()))

@@ -111,3 +111,64 @@ class MarkovStream:
         match = self.successors[cur] == nxt[:, None]
         p = (self.probs[cur] * match).sum(dim=1)
         return float(-p.log().mean())
+
+
+@dataclass(frozen=True)
+class SlowChainStats:
+    vocab: int
+    lag: int
+    entropy_rate: float  # nats per predicted token: the loss floor
+    unigram_entropy: float  # nats: the loss of a model that ignores the context (uniform tokens)
+
+    def describe(self) -> str:
+        return (f"slow chain over {self.vocab} tokens, each token after the first {self.lag} the image of the "
+                f"token {self.lag} back under a fixed permutation: loss floor {self.entropy_rate:.4f} nats, "
+                f"unigram entropy {self.unigram_entropy:.4f}")
+
+
+class SlowChainStream(MarkovStream):
+    """A long-range task a model learns slowly: the first ``lag`` tokens of a sequence are uniform,
+    and every later token is ``perm[token lag positions back]`` for one fixed permutation ``perm``.
+
+    Predicting it needs attention to learn to look ``lag`` back and the MLP to learn the
+    permutation, so the loss stays near log(vocab) for the first hundred-odd steps and then drops:
+    a run whose early trajectory tells optimizers apart. Floor: only the ``lag - 1`` uniform
+    targets cost anything, ``(lag - 1) / seq * log(vocab)`` nats per predicted token.
+    Same batches and data orders as MarkovStream (only the sampling differs).
+    """
+
+    def __init__(self, vocab: int, *, n_sequences: int, seq: int, seed: int = 0, lag: int | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        if n_sequences < 1 or seq < 2:
+            raise ValueError(f"n_sequences must be at least 1 and seq at least 2, got {n_sequences} and {seq}")
+        lag = seq // 2 if lag is None else lag
+        if not 1 <= lag <= seq:
+            raise ValueError(f"lag must be in [1, seq={seq}], got {lag}")
+        self.vocab, self.seq, self.lag, self.device = vocab, seq, lag, torch.device(device)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.perm = torch.randperm(vocab, generator=gen, device=self.device)
+        tokens = torch.empty(n_sequences, seq + 1, dtype=torch.long, device=self.device)
+        tokens[:, :lag] = torch.randint(vocab, (n_sequences, lag), generator=gen, device=self.device)
+        for t in range(lag, seq + 1):
+            tokens[:, t] = self.perm[tokens[:, t - lag]]
+        self.tokens = tokens
+        floor = (lag - 1) / seq * math.log(vocab)
+        self.stats = SlowChainStats(vocab, lag, floor, math.log(vocab))
+
+    def empirical_loss_floor(self, sample: int = 4096) -> float:
+        """The floor: the sampled targets are uniform before ``lag`` and determined after it."""
+        return self.stats.entropy_rate
+
+
+DATA_SETS = {"markov": "a sparse first-order Markov chain (MarkovStream): learnt in a few dozen steps",
+             "slow-chain": "a long-range permuted copy (SlowChainStream): the reference needs hundreds of steps"}
+
+
+def make_stream(data: str, vocab: int, *, n_sequences: int, seq: int, seed: int, successors: int,
+                device: str | torch.device) -> MarkovStream:
+    """The token stream of a ``train`` data set (DATA_SETS) on ``device``."""
+    if data == "markov":
+        return MarkovStream(vocab, n_sequences=n_sequences, seq=seq, seed=seed, successors=successors, device=device)
+    if data == "slow-chain":
+        return SlowChainStream(vocab, n_sequences=n_sequences, seq=seq, seed=seed, device=device)
+    raise ValueError(f"unknown data set {data!r}; accepted: {', '.join(DATA_SETS)}")

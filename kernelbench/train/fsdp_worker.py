@@ -94,15 +94,15 @@ def parity(args: argparse.Namespace, rank: int, world: int) -> list[dict[str, An
 
 def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
     from kernelbench.train.candidates import resolve
-    from kernelbench.train.data import MarkovStream
+    from kernelbench.train.data import make_stream
     from kernelbench.train.loop import initial_state, train_run
     from kernelbench.train.run import TrainSettings
 
     settings = TrainSettings(**json.loads(args.settings))
     config = settings.validate()
     built = {c.name: c for c in resolve(args.op, config, lr=settings.lr, names=args.candidates.split(","))}
-    stream = MarkovStream(config.vocab_size, n_sequences=settings.steps * settings.batch, seq=settings.seq,
-                          seed=settings.seed, successors=settings.successors, device=device.type)
+    stream = make_stream(settings.data, config.vocab_size, n_sequences=settings.steps * settings.batch,
+                         seq=settings.seq, seed=settings.seed, successors=settings.successors, device=device.type)
     init = initial_state(config, settings.seed, device.type)
     logs = []
     for item in filter(None, args.runs.split(",")):

@@ -83,7 +83,8 @@ class RunLog:
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors an optimizer holds in ``state``, each storage counted once, including
-    optimizers it owns (Muon's AdamW for embeddings): views into one buffer are not double-counted."""
+    optimizers it owns (Muon's AdamW for embeddings): views into one buffer are not double-counted;
+    plus what it keeps between steps outside ``state`` when it says so (``workspace_bytes()``)."""
     seen: set[tuple[int, str]] = set()
     total = 0
     pending, visited = [optimizer], set()
@@ -102,7 +103,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
                         seen.add(key)
                         total += storage.nbytes()
         pending += [v for v in vars(opt).values() if isinstance(v, torch.optim.Optimizer)]
-    return total
+    workspace = getattr(optimizer, "workspace_bytes", None)  # Muon's Newton-Schulz graph buffers
+    return total + (workspace() if callable(workspace) else 0)
 
 
 def initial_state(config: LlamaConfig, seed: int, device: str) -> dict[str, torch.Tensor]:

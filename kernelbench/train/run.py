@@ -23,7 +23,7 @@ from ..models import CONFIGS, LlamaConfig
 from ..ops.base import UsageError, unknown_name_error
 from . import fsdp
 from .band import Band, StepBand, Verdict, judge, make_band, step_band, tail_window
-from .data import ChainStats, MarkovStream
+from .data import DATA_SETS, ChainStats, SlowChainStats, make_stream
 from .loop import ROLE_ANCHOR, ROLE_REFERENCE, RunLog, TrainCandidate, initial_state, train_run
 
 LOSSES_CSV, TRAIN_JSON = "losses.csv", "train.json"
@@ -44,6 +44,7 @@ class TrainSettings:
     clip: float = 1.0
     successors: int = 8
     device: str = "cpu"
+    data: str = "markov"  # the token stream: a key of kernelbench.train.data.DATA_SETS
     fsdp_nproc: int | None = None  # train every run with the model under FSDP2 on this many ranks
 
     @classmethod
@@ -70,6 +71,10 @@ class TrainSettings:
             raise UsageError(f"--rtol {self.rtol}: must be >= 0")
         if self.lr is not None and not self.lr > 0:
             raise UsageError(f"--lr {self.lr}: must be > 0")
+        if self.data not in DATA_SETS:
+            raise unknown_name_error("data set", self.data, DATA_SETS)
+        if self.data == "slow-chain" and self.seq < 2:
+            raise UsageError(f"--seq {self.seq}: the slow chain needs at least 2 positions")
         if not 1 <= self.successors <= config.vocab_size:
             raise UsageError(f"successors {self.successors}: must be in [1, {config.vocab_size}]")
         return config
@@ -88,7 +93,7 @@ class Outcome:
 @dataclass
 class TrainResult:
     settings: TrainSettings
-    stats: ChainStats
+    stats: ChainStats | SlowChainStats
     band: Band | None
     outcomes: list[Outcome] = field(default_factory=list)
     wall_s: float = 0.0  # every run, the reference's seeds included, and the data set-up
@@ -156,8 +161,8 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
     started = time.perf_counter()
     window = tail_window(settings.steps)
     progress("sampling the token stream on the device")
-    stream = MarkovStream(config.vocab_size, n_sequences=settings.steps * settings.batch, seq=settings.seq,
-                          seed=settings.seed, successors=settings.successors, device=device)
+    stream = make_stream(settings.data, config.vocab_size, n_sequences=settings.steps * settings.batch,
+                         seq=settings.seq, seed=settings.seed, successors=settings.successors, device=device)
     init = initial_state(config, settings.seed, device)
     result = TrainResult(settings, stream.stats, None)
 
@@ -242,12 +247,18 @@ def _train(op_label, candidates, settings, sink, folder, on_progress) -> TrainRe
 
 
 def _judge(cand: TrainCandidate, log: RunLog, band: Band, per_step: StepBand, window: int,
-           settings: TrainSettings, stats: ChainStats) -> Outcome:
+           settings: TrainSettings, stats: ChainStats | SlowChainStats) -> Outcome:
     v = judge(log.losses, band, per_step, window)
     band_text = (f"reference {band.mean:.4f} +- {band.half_width:.4f} (seed spread {band.spread:.4f} "
                  f"+ rtol {settings.rtol:g})")
-    where = ("in the band at every step" if v.first_outside is None
-             else f"running loss first outside the band at step {v.first_outside}")
+    if v.first_outside is None:
+        where = "in the band at every step"
+    elif v.left_band is None:
+        where = (f"running loss outside the band at {v.steps_outside} step(s) from step {v.first_outside}, "
+                 f"never more than {window} in a row")
+    else:
+        where = (f"trajectory left the band at step {v.left_band} (more than {window} steps in a row outside; "
+                 f"{v.steps_outside} steps outside in all)")
     if v.nonfinite_step is not None:
         message = f"loss non-finite from step {v.nonfinite_step}; {band_text}"
     else:
@@ -276,6 +287,9 @@ def _emit_rows(row, cand: TrainCandidate, outcome: Outcome, settings: TrainSetti
         OK,
         "stayed in the band" if v.first_outside is None else "first step whose running loss is outside",
     )
+    row(cand.name, "step_left_band", v.left_band, "step", OK,
+        "trajectory stayed in the band" if v.left_band is None
+        else f"first step of more than {window} consecutive steps outside the band")
     row(
         cand.name,
         "nonfinite_step",
@@ -299,7 +313,8 @@ def _emit_rows(row, cand: TrainCandidate, outcome: Outcome, settings: TrainSetti
             f"median step (forward, backward, clip, optimizer step; {what}), first 2 steps excluded",
         )
         row(cand.name, "tokens_per_s", log.tokens_per_s, "tokens/s", OK, f"{log.tokens_per_step} tokens per step")
-    row(cand.name, "state_bytes", log.state_bytes, "B", OK, "bytes of the optimizer's state tensors")
+    row(cand.name, "state_bytes", log.state_bytes, "B", OK,
+        "bytes of the optimizer's state tensors, plus buffers it keeps between steps (Muon's graph inputs/outputs)")
     row(cand.name, "wall_s", log.wall_s, "s", OK, "the whole run, set-up included")
     row(
         cand.name,
@@ -333,6 +348,8 @@ def _train_doc(op_label, settings, config, stream, result: TrainResult, window, 
                 "final_loss": None if o.verdict is None or not math.isfinite(o.verdict.final) else o.verdict.final,
                 "gap": None if o.verdict is None or not math.isfinite(o.verdict.gap) else o.verdict.gap,
                 "first_step_outside_band": None if o.verdict is None else o.verdict.first_outside,
+                "step_left_band": None if o.verdict is None else o.verdict.left_band,
+                "steps_outside_band": None if o.verdict is None else o.verdict.steps_outside,
                 "nonfinite_step": None if o.verdict is None else o.verdict.nonfinite_step,
                 "median_step_ms": None if o.log is None else o.log.median_step_ms,
                 "tokens_per_s": None if o.log is None else o.log.tokens_per_s,
@@ -372,7 +389,8 @@ def result_table(result: TrainResult) -> pd.DataFrame:
                 "role": o.role,
                 "final loss": _fmt(v.final) if v else "-",
                 "gap (band)": "-" if v is None or not math.isfinite(v.gap) else f"{v.gap:+.2f}",
-                "left band at": "-" if v is None or v.first_outside is None else str(v.first_outside),
+                "first outside": "-" if v is None or v.first_outside is None else str(v.first_outside),
+                "left band at": "-" if v is None or v.left_band is None else str(v.left_band),
                 "NaN/Inf at": "-" if v is None or v.nonfinite_step is None else str(v.nonfinite_step),
                 "step ms": _fmt(log.median_step_ms, 2) if log else "-",
                 "tokens/s": "-" if log is None or log.tokens_per_s is None else f"{log.tokens_per_s:,.0f}",
