@@ -154,3 +154,21 @@ def test_a_true_slowdown_beyond_the_floor_still_fails_between_two_reports(tmp_pa
     # Held to a 15% process noise, the same 10% is no longer called slower.
     held = compare_reports(base, new, process_noise=0.15).table.set_index("candidate")
     assert held.loc["triton", "verdict"] == SAME and held.loc["triton", "threshold"] == 0.15
+
+
+def test_the_cli_takes_process_noise_and_refuses_a_negative_one(tmp_path):
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from kernelbench import cli
+
+    assert inspect.signature(cli.compare).parameters["process_noise"].default == PROCESS_NOISE
+    rows = {("rmsnorm", "triton"): (0.461, "")}
+    base = _report(tmp_path / "base", rows, seed=5)
+    new = _report(tmp_path / "new", {("rmsnorm", "triton"): (0.461 * 1.10, "")}, seed=6)
+    runner = CliRunner()
+    assert runner.invoke(cli.app, ["compare", str(base), str(new)]).exit_code == 3
+    assert runner.invoke(cli.app, ["compare", str(base), str(new), "--process-noise", "0.2"]).exit_code == 0
+    refused = runner.invoke(cli.app, ["compare", str(base), str(new), "--process-noise", "-1"])
+    assert refused.exit_code == 2 and "--process-noise" in refused.output
