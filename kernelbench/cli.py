@@ -377,6 +377,10 @@ def compare(
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Also write compare.csv, compare.md "
                                                                                "and compare.png into this folder "
                                                                                "[default: none: print only].")] = None,
+    process_noise: Annotated[float, typer.Option(
+        "--process-noise", help="How far a row moves between two processes of one commit, >= 0: faster / slower "
+                                "need the interval beyond 1 +- this too (0.03: the 95th percentile on H100s), and "
+                                "host-bound rows get neither; `ab` measures it instead.")] = 0.03,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """A verdict per matching timed row of two report folders: faster, slower, same or
@@ -386,7 +390,10 @@ def compare(
     interval of new / base median (rounds resampled, then reps). slower: significant and the
     interval wholly above 1 + threshold; faster: below 1 - threshold; same: inside both;
     inconclusive otherwise (listed; it fails only with --strict). A row whose IQR / median
-    exceeds the threshold is held to that spread instead. Reports without samples fall back to
+    exceeds the threshold is held to that spread instead. Each report is one process, and a
+    process can sit at its own level: a row is held to --process-noise as well, and a host-bound
+    row (its time the host's) is inconclusive rather than faster or slower; `ab`, with several
+    processes a side, resamples them instead. Reports without samples fall back to
     new / base against 1 + the larger of the threshold and either row's IQR / median, and say so.
     A parity check that passed in BASE and fails in NEW, or a candidate that errors in NEW, is
     broken and fails too."""
@@ -395,11 +402,13 @@ def compare(
     out = Output(fmt)
     with usage_errors(out):
         check_bound("--threshold", threshold, Bound(0))
+        check_bound("--process-noise", process_noise, Bound(0))
         check_output_dir(output_dir)
     from .report.compare import compare_reports, write_comparison
 
     with usage_errors(out):
-        result = compare_reports(base, new, threshold=threshold, alpha=alpha, force=force, allow_missing=allow_missing)
+        result = compare_reports(base, new, threshold=threshold, alpha=alpha, force=force, allow_missing=allow_missing,
+                                 process_noise=process_noise)
     if result.mismatches:
         out.warn("--force: comparing across environments: " + "; ".join(result.mismatches))
     out.table(f"compare {base} -> {new}", result.table, name="compare")

@@ -91,11 +91,13 @@ def _process_report(folder, level, *, samples=True, status="ok"):
 
 def test_pooling_process_reports(tmp_path):
     with_samples = pool([_process_report(tmp_path / f"s{i}", 1.0 + 0.01 * i) for i in range(3)])
-    times, clusters = with_samples.samples[("adamw", "tiny", "step", "a")]
+    times, clusters, processes = with_samples.samples[("adamw", "tiny", "step", "a")]
     assert len(times) == 120 and len(set(clusters)) == 6  # (process, round) clusters
+    assert sorted(set(processes)) == [0, 1, 2] and len(processes) == 120
     assert with_samples.processes_without_samples == 0
     bare = pool([_process_report(tmp_path / f"b{i}", 1.0 + 0.01 * i, samples=False) for i in range(3)])
-    times, clusters = bare.samples[("adamw", "tiny", "step", "a")]
+    times, clusters, processes = bare.samples[("adamw", "tiny", "step", "a")]
     assert len(times) == 3 and len(set(clusters)) == 3 and bare.processes_without_samples == 3
+    assert sorted(processes) == [0, 1, 2]
     broken = pool([_process_report(tmp_path / "e0", 1.0, status="error"), tmp_path / "never-written"])
     assert broken.errors == {("adamw", "tiny", "step", "a"): "boom"} and broken.times.empty

@@ -4,9 +4,13 @@
   two-sided p-value from the normal approximation with the tie and continuity corrections (what
   ``scipy.stats.mannwhitneyu(new, base, method="asymptotic")`` computes). The approximation is
   good from about 8 samples a side; :func:`judge` asks for at least that many.
-- Bootstrap intervals resample the way the times were taken: rounds first (with replacement),
-  then reps within each drawn round, so that a difference between rounds (the host, the clocks, a
-  neighbour on the GPU) widens the interval instead of hiding among hundreds of reps of one round.
+- Bootstrap intervals resample the way the times were taken: processes first where a side has
+  several (``ab``), then rounds within each drawn process, then reps within each drawn round, all
+  with replacement, so that a difference between processes (cuBLAS's algorithm choice, the host's
+  speed, the allocator's layout) or between rounds (the clocks, a neighbour on the GPU) widens the
+  interval instead of hiding among hundreds of reps of one round. A side of one process carries no
+  information on how far another process of the same code would sit: the caller holds such rows to
+  a floor (:mod:`kernelbench.report.compare`).
 - :func:`judge`: ``slower`` when the rank test rejects equality at ``alpha`` and the whole
   interval of new / base median lies above 1 + threshold (significantly slower by more than the
   threshold); ``faster`` likewise below 1 - threshold; ``same`` when the interval lies inside
@@ -60,10 +64,48 @@ def _groups(values, clusters) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return values[order], np.cumsum(sizes) - sizes, sizes
 
 
-def bootstrap_medians(values, clusters=None, *, resamples: int = RESAMPLES,
+def bootstrap_medians(values, clusters=None, processes=None, *, resamples: int = RESAMPLES,
                       rng: np.random.Generator | None = None) -> np.ndarray:
-    """Medians of ``resamples`` two-stage resamples: clusters drawn with replacement, then, from
-    each drawn cluster, as many reps as an average cluster holds, drawn with replacement."""
+    """Medians of ``resamples`` nested resamples: processes drawn with replacement (where there are
+    several), from each as many clusters as an average process holds, then from each drawn cluster
+    as many reps as an average cluster holds, every draw with replacement."""
+    values = np.asarray(values, dtype=float)
+    clusters = np.zeros(len(values), dtype=int) if clusters is None else np.asarray(clusters)
+    if processes is not None and len(processes) != len(values):
+        raise ValueError(f"{len(values)} values but {len(processes)} process labels")
+    if processes is None or len(np.unique(processes)) < 2:
+        return _two_stage(values, clusters, resamples, rng)
+    if len(clusters) != len(values):
+        raise ValueError(f"{len(values)} values but {len(clusters)} cluster labels")
+    _, process_index = np.unique(np.asarray(processes), return_inverse=True)
+    _, cluster_index = np.unique(clusters, return_inverse=True)
+    # One label per (process, cluster), ordered by process: round 1 of two processes is two clusters.
+    stride = cluster_index.max() + 1
+    labels = process_index * stride + cluster_index
+    ordered, starts, sizes = _groups(values, labels)
+    _, process_sizes = np.unique(np.unique(labels) // stride, return_counts=True)
+    process_starts = np.cumsum(process_sizes) - process_sizes
+    rng = rng if rng is not None else np.random.default_rng(0)
+    n_processes = len(process_sizes)
+    per_process = max(1, round(len(sizes) / n_processes))
+    per_cluster = max(1, round(len(ordered) / len(sizes)))
+    width = n_processes * per_process
+    out = np.empty(resamples)
+    chunk = max(1, _CHUNK_ELEMENTS // (width * per_cluster))
+    for lo in range(0, resamples, chunk):
+        b = min(chunk, resamples - lo)
+        drawn = rng.integers(n_processes, size=(b, n_processes))
+        within = (rng.random((b, n_processes, per_process)) * process_sizes[drawn][..., None]).astype(np.int64)
+        cluster = (process_starts[drawn][..., None] + within).reshape(b, width)
+        offsets = (rng.random((b, width, per_cluster)) * sizes[cluster][..., None]).astype(np.int64)
+        picks = ordered[starts[cluster][..., None] + offsets]
+        out[lo:lo + b] = np.median(picks.reshape(b, width * per_cluster), axis=1)
+    return out
+
+
+def _two_stage(values, clusters, resamples: int, rng: np.random.Generator | None) -> np.ndarray:
+    """Clusters drawn with replacement, then from each drawn cluster as many reps as an average
+    cluster holds: the resample of a side measured in one process."""
     ordered, starts, sizes = _groups(values, clusters)
     if len(ordered) == 0:
         raise ValueError("bootstrap_medians needs at least one value")
@@ -89,13 +131,13 @@ def median_interval(values, clusters=None, *, level: float = 0.95, resamples: in
     return float(np.quantile(medians, tail)), float(np.quantile(medians, 1 - tail))
 
 
-def ratio_interval(base, new, base_clusters=None, new_clusters=None, *, level: float = 1 - ALPHA,
-                   resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+def ratio_interval(base, new, base_clusters=None, new_clusters=None, *, base_processes=None, new_processes=None,
+                   level: float = 1 - ALPHA, resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of median(new) / median(base) at ``level``; each side is
     resampled on its own (the two runs are independent)."""
     rng = np.random.default_rng(seed)
-    ratios = (bootstrap_medians(new, new_clusters, resamples=resamples, rng=rng)
-              / bootstrap_medians(base, base_clusters, resamples=resamples, rng=rng))
+    ratios = (bootstrap_medians(new, new_clusters, new_processes, resamples=resamples, rng=rng)
+              / bootstrap_medians(base, base_clusters, base_processes, resamples=resamples, rng=rng))
     tail = (1 - level) / 2
     return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
 
@@ -112,9 +154,10 @@ class Judgement:
     reason: str
 
 
-def judge(base, new, base_clusters=None, new_clusters=None, *, threshold: float = 0.05,
-          alpha: float = ALPHA, seed: int = 0) -> Judgement:
-    """The verdict on one row from both sides' per-rep times (see the module docstring)."""
+def judge(base, new, base_clusters=None, new_clusters=None, *, base_processes=None, new_processes=None,
+          threshold: float = 0.05, alpha: float = ALPHA, seed: int = 0) -> Judgement:
+    """The verdict on one row from both sides' per-rep times, their rounds and, where a side ran in
+    several processes, the process of each (see the module docstring)."""
     base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     nb, nn = len(base), len(new)
     if nb == 0 or nn == 0:
@@ -127,7 +170,8 @@ def judge(base, new, base_clusters=None, new_clusters=None, *, threshold: float 
         return Judgement(INCONCLUSIVE, ratio, nan, nan, nan, nb, nn,
                          f"fewer than {MIN_SAMPLES} samples on a side ({nb} / {nn}): no test")
     _, p = mann_whitney_u(base, new)
-    low, high = ratio_interval(base, new, base_clusters, new_clusters, level=1 - alpha, seed=seed)
+    low, high = ratio_interval(base, new, base_clusters, new_clusters, base_processes=base_processes,
+                               new_processes=new_processes, level=1 - alpha, seed=seed)
     up, down = 1 + threshold, 1 - threshold
     if p < alpha and low > up:
         verdict, reason = SLOWER, f"interval above {up:.3g}"

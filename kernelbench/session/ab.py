@@ -8,8 +8,10 @@ runs ``python -m kernelbench run RUN-ARGS`` for one side and then the other, in 
 (BASE NEW, NEW BASE, ...), so that drift, the GPU's warmth and its clocks hit both alike; a
 ``--config`` suite is run without its [[parity]] tables. Each process writes its own report
 folder. The verdicts (:func:`kernelbench.report.compare.judge_rows`) pool every process's
-per-rep samples, each (process, round) a cluster of the bootstrap; a side whose kernelbench keeps
-no samples (an older revision) gives one sample per process, its median.
+per-rep samples and resample processes, then their rounds, then reps, so a process that sits at its
+own level widens the interval instead of passing for a difference between the sides; a side whose
+kernelbench keeps no samples (an older revision) gives one sample per process, its median. With
+``--rounds 1`` a side has one process, and the rows are held as ``compare`` holds two reports.
 """
 
 from __future__ import annotations
@@ -178,14 +180,15 @@ def run_alternating(base: Side, new: Side, run_args: list[str], rounds: int, out
 @dataclass
 class Pooled:
     times: pd.DataFrame  # keys -> time_median_ms, time_iqr_ms, flags
-    samples: dict  # key -> (times, clusters)
+    samples: dict  # key -> (times, round cluster, process) per rep
     errors: dict  # key -> message, for keys that errored in every process
     processes_without_samples: int
     environment: dict
 
 
 def pool(folders: list[Path]) -> Pooled:
-    """Every process report of one side as one: its samples pooled, (process, round) clusters."""
+    """Every process report of one side as one: its samples pooled, each rep labelled with its
+    (process, round) cluster and its process."""
     chunks, medians, flags, errors, ok_keys, bare, env = [], [], {}, {}, set(), 0, {}
     for p, folder in enumerate(folders):
         try:
@@ -199,28 +202,29 @@ def pool(folders: list[Path]) -> Pooled:
             key = (str(r.op), str(r.workload), str(r.mode), str(r.candidate))
             if r.status == "ok":
                 ok_keys.add(key)
-                if "throttled" in str(r.flags).split(","):
-                    flags[key] = "throttled"
+                # What judge_rows acts on, from any process of the side.
+                flags.setdefault(key, set()).update({"throttled", "host-bound"} & set(str(r.flags).split(",")))
                 medians.append((*key, float(r.value), p))
             elif r.status == "error":
                 errors.setdefault(key, str(r.message))
         if samples is not None:
             timed = samples[samples["metric"] == TIME_METRIC]
-            chunks.append(timed.assign(cluster=p * 1000 + timed["round"]))
+            chunks.append(timed.assign(cluster=p * 1000 + timed["round"], process=p))
         else:
             bare += 1
-    with_samples = pd.concat(chunks) if chunks else pd.DataFrame(columns=[*KEYS, "ms", "cluster"])
-    groups = {key: (part["ms"].to_numpy(dtype=float), part["cluster"].to_numpy())
+    with_samples = pd.concat(chunks) if chunks else pd.DataFrame(columns=[*KEYS, "ms", "cluster", "process"])
+    groups = {key: (part["ms"].to_numpy(dtype=float), part["cluster"].to_numpy(), part["process"].to_numpy())
               for key, part in with_samples.groupby(KEYS, sort=False)}
     median_frame = pd.DataFrame(medians, columns=[*KEYS, "ms", "process"])
     for key, part in median_frame.groupby(KEYS, sort=False):
         if key not in groups:  # no samples kept by this side: one sample per process
-            groups[key] = (part["ms"].to_numpy(dtype=float), part["process"].to_numpy() * 1000)
+            groups[key] = (part["ms"].to_numpy(dtype=float), part["process"].to_numpy() * 1000,
+                           part["process"].to_numpy())
     lines = []
-    for key, (values, _) in groups.items():
+    for key, (values, _, _) in groups.items():
         q25, q50, q75 = np.quantile(values, [0.25, 0.5, 0.75])
         lines.append({**dict(zip(KEYS, key)), "time_median_ms": q50, "time_iqr_ms": q75 - q25,
-                      "flags": flags.get(key, "")})
+                      "flags": ",".join(sorted(flags.get(key, ())))})
     times = pd.DataFrame(lines, columns=[*KEYS, "time_median_ms", "time_iqr_ms", "flags"]).set_index(KEYS)
     return Pooled(times, groups, {k: v for k, v in errors.items() if k not in ok_keys}, bare, env)
 
