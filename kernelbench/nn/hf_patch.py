@@ -31,7 +31,7 @@ SILU_ACTIVATIONS = ("silu", "swish")
 IMPLS = ("auto", "triton", "torch")
 PATCHED_ATTR = "_kernelbench_patched"
 
-__all__ = ["IMPLS", "SUPPORTED_MODELS", "patch_hf_model"]
+__all__ = ["IMPLS", "SUPPORTED_MODELS", "attention_class", "attention_forward", "bind_forward", "patch_hf_model"]
 
 
 def _family(model: torch.nn.Module) -> tuple[str, types.ModuleType]:
@@ -82,13 +82,15 @@ def _rotary_function(hf_rotary: Callable, impl: str) -> Callable:
     return apply_rotary_pos_emb
 
 
-# (attention class, impl) -> its forward with kernelbench's rotary in its globals: built once, so
+# (attention class, rotary name) -> its forward with that rotary in its globals: built once, so
 # every patched instance of a class shares one code object (one compile).
 _attention_forwards: dict[tuple[type, str], Callable] = {}
 
 
-def _attention_forward(attention_cls: type, impl: str) -> Callable:
-    key = (attention_cls, impl)
+def attention_forward(attention_cls: type, name: str, make_rotary: Callable[[Callable], Callable]) -> Callable:
+    """``attention_cls.forward``'s code with ``apply_rotary_pos_emb`` replaced by
+    ``make_rotary(hf_apply_rotary_pos_emb)``; ``name`` tells rotaries apart (a cache key)."""
+    key = (attention_cls, name)
     if key not in _attention_forwards:
         # The class's own code: decorators around it only rename deprecated keywords.
         code_fn = inspect.unwrap(attention_cls.forward)
@@ -97,9 +99,9 @@ def _attention_forward(attention_cls: type, impl: str) -> Callable:
                              "in this transformers version; pass rotary=False")
         # The globals live in a module of their own in sys.modules: torch.compile guards a
         # function's globals through the module its __name__ names.
-        scope = types.ModuleType(f"{__name__}.{attention_cls.__name__}_{impl}")
+        scope = types.ModuleType(f"{__name__}.{attention_cls.__name__}_{name}")
         scope.__dict__.update({k: v for k, v in code_fn.__globals__.items() if k not in ("__name__", "__spec__")})
-        scope.apply_rotary_pos_emb = _rotary_function(code_fn.__globals__["apply_rotary_pos_emb"], impl)
+        scope.apply_rotary_pos_emb = make_rotary(code_fn.__globals__["apply_rotary_pos_emb"])
         sys.modules[scope.__name__] = scope
         fn = types.FunctionType(code_fn.__code__, scope.__dict__, code_fn.__name__, code_fn.__defaults__,
                                 code_fn.__closure__)
@@ -107,6 +109,19 @@ def _attention_forward(attention_cls: type, impl: str) -> Callable:
         fn.__qualname__ = code_fn.__qualname__
         _attention_forwards[key] = fn
     return _attention_forwards[key]
+
+
+def attention_class(model: torch.nn.Module) -> type:
+    """The attention class of ``model``'s transformers family (ValueError for another model)."""
+    prefix, modeling = _family(model)
+    return getattr(modeling, f"{prefix}Attention")
+
+
+def bind_forward(model: torch.nn.Module, cls: type, forward: Callable) -> None:
+    """``forward`` as the ``forward`` of each ``cls`` module of ``model`` (the instances only)."""
+    for module in model.modules():
+        if isinstance(module, cls):
+            module.forward = types.MethodType(forward, module)
 
 
 def _causal_lm_loss(impl: str) -> Callable:
@@ -152,13 +167,13 @@ def patch_hf_model(model: torch.nn.Module, *, rms_norm: bool = True, rotary: boo
     # Built before any module changes, so an error leaves the model as it was.
     forwards = {
         "RMSNorm": _rms_norm_forward(impl) if rms_norm else None,
-        "Attention": _attention_forward(classes["Attention"], impl) if rotary else None,
+        "Attention": attention_forward(classes["Attention"], f"kernelbench_{impl}",
+                                       lambda hf_rotary: _rotary_function(hf_rotary, impl)) if rotary else None,
         "MLP": _mlp_forward(impl) if swiglu else None,
     }
-    for module in model.modules():
-        for name, cls in classes.items():
-            if isinstance(module, cls) and forwards[name] is not None:
-                module.forward = types.MethodType(forwards[name], module)
+    for name, cls in classes.items():
+        if forwards[name] is not None:
+            bind_forward(model, cls, forwards[name])
     if loss:
         model.loss_function = _causal_lm_loss(impl)
     done = dict(rms_norm=rms_norm, rotary=rotary, swiglu=swiglu, loss=loss)
