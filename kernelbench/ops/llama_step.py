@@ -113,7 +113,6 @@ class LlamaStepCase:
 
     def __init__(self, spec: StepSpec, workload: Workload, device: str, mode: str,
                  dtype: str | None = None) -> None:
-
         from kernelbench.models import Llama
 
         if mode not in MODES:
