@@ -1,6 +1,6 @@
 """Drop-in modules and functions on kernelbench's Triton kernels.
 
-    from kernelbench.nn import RMSNorm, apply_rotary, cross_entropy
+    from kernelbench.nn import RMSNorm, apply_rotary, cross_entropy, patch_hf_model
 
 Names resolve lazily (see kernelbench.optim for why).
 """
@@ -17,6 +17,7 @@ _EXPORTS = {
     "apply_rotary_": "kernelbench.nn.rotary",
     "silu_mul": "kernelbench.nn.swiglu",
     "cross_entropy": "kernelbench.nn.crossentropy",
+    "patch_hf_model": "kernelbench.nn.hf_patch",
 }
 # The modules whose AUTOSELECT candidates impl="auto" times, by op name.
 _AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}

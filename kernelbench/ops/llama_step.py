@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import Candidate, Op, Requires, Tolerance, Workload, generator, torch_dtype
+from .base import Candidate, Op, Requires, Tolerance, Workload, torch_dtype
+from .model_step import compile_step, step_tokens, tokens_per_s_row
 
 if TYPE_CHECKING:
     import torch
@@ -90,17 +91,6 @@ def _build_optimizer(name: str, model: torch.nn.Module, device: str) -> torch.op
     raise ValueError(f"llama-step: unknown optimizer {name!r}; known: torch-adamw, triton-adamw, adam-mini, muon")
 
 
-def _raise_recompile_limit() -> None:
-    """Every case compiles the same method for a new model, a recompile of one code object to
-    Dynamo; past its limit (8) it would stop compiling, so the limit goes up as for the anchors."""
-    import torch._dynamo.config as dynamo_config
-
-    from .function_op import _ANCHOR_RECOMPILE_LIMIT
-
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    setattr(dynamo_config, name, max(getattr(dynamo_config, name), _ANCHOR_RECOMPILE_LIMIT))
-
-
 class LlamaStepOp(Op):
     kind = "model"
 
@@ -123,8 +113,6 @@ class LlamaStepCase:
 
     def __init__(self, spec: StepSpec, workload: Workload, device: str, mode: str,
                  dtype: str | None = None) -> None:
-        import torch
-
         from kernelbench.models import Llama
 
         if mode not in MODES:
@@ -139,13 +127,7 @@ class LlamaStepCase:
         model = Llama(cfg, spec.layers, impl=spec.impl).to(device)
         model.reset_parameters(seed=workload.seed)
         self.model = model.to(torch_dtype(dtype or workload.spec["dtype"]))
-        self.step = self._loss_and_logits
-        if spec.compiled:
-            # Inductor needs a C++ / Triton toolchain; on the CPU the graph is still captured
-            # whole (fullgraph) and run through AOT autograd.
-            backend = "inductor" if device == "cuda" else "aot_eager"
-            _raise_recompile_limit()
-            self.step = torch.compile(self._loss_and_logits, fullgraph=True, backend=backend)
+        self.step = compile_step(self._loss_and_logits, device) if spec.compiled else self._loss_and_logits
         self.optimizer = _build_optimizer(spec.optimizer, self.model, device) if mode == "train" else None
         # Parity steps restart from these weights, so logits and gradients stay comparable with
         # the reference's whatever the optimizer did (its state carries on).
@@ -162,9 +144,8 @@ class LlamaStepCase:
     def set_step(self, step: int) -> None:
         import torch
 
-        gen = generator(self.device, self.workload.seed * 1_000_003 + step)
-        b, s = self.workload.spec["batch"], self.workload.spec["seq"]
-        tokens = torch.randint(0, self.model.config.vocab_size, (b, s + 1), generator=gen, device=self.device)
+        tokens = step_tokens(self.device, self.workload.seed, step, self.workload.spec["batch"],
+                             self.workload.spec["seq"], self.model.config.vocab_size)
         self.inputs, self.targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         if step and self._initial is not None:
             with torch.no_grad():
@@ -211,8 +192,7 @@ class LlamaStepCase:
 
     def extra_rows(self, median_ms: float) -> list[tuple[str, float, str, str]]:
         """(metric, value, unit, message) rows beside the timing: throughput, the optimizer's share."""
-        rows = [("tokens_per_s", _tokens(self.workload) / (median_ms * 1e-3), "tok/s",
-                 f"{_tokens(self.workload)} tokens per step / median step time")]
+        rows = [tokens_per_s_row(_tokens(self.workload), median_ms)]
         if self.optimizer is None:
             return rows
         if self.device == "cuda":
