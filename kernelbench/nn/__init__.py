@@ -17,6 +17,8 @@ _EXPORTS = {
     "apply_rotary_": "kernelbench.nn.rotary",
     "silu_mul": "kernelbench.nn.swiglu",
     "cross_entropy": "kernelbench.nn.crossentropy",
+    "linear_cross_entropy": "kernelbench.nn.linear_crossentropy",
+    "LinearCrossEntropyLoss": "kernelbench.nn.linear_crossentropy",
 }
 # The modules whose AUTOSELECT candidates impl="auto" times, by op name.
 _AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}
