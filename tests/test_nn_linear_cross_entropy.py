@@ -157,16 +157,18 @@ def test_double_backward_is_refused():
 # The chunk rule and cross-entropy's in-place backward
 # ------------------------------------------------------------------------------------------------
 def test_chunk_rule():
-    row_bytes = 128256 * 2  # a bf16 row of Llama-3's vocabulary
-    by_budget = LOGITS_BUDGET_BYTES // row_bytes // 128 * 128
-    assert by_budget > MIN_CHUNK_ROWS
+    # Qwen2.5's vocabulary in bf16: the budget holds fewer rows than the minimum, which decides.
+    assert LOGITS_BUDGET_BYTES // (151936 * 2) < MIN_CHUNK_ROWS
+    assert plan_chunk_rows(8192, 151936, 2) == MIN_CHUNK_ROWS
+    assert plan_chunk_rows(8192, 128256, 2) == MIN_CHUNK_ROWS  # Llama-3's: 2093 rows, 2048 in whole tiles
     assert plan_chunk_rows(100, 128256, 2) == 100  # fewer rows than a chunk: one chunk
-    # 8192 rows over a budget of ~4096: two equal chunks, not a full one and a sliver.
-    rows = plan_chunk_rows(8192, 128256, 2)
-    assert rows * 128256 * 2 <= LOGITS_BUDGET_BYTES and rows % 128 == 0 and -(-8192 // rows) == 2
-    assert rows == 4096
-    # A vocabulary so wide that the budget holds few rows: the minimum keeps the GEMMs thick.
-    assert plan_chunk_rows(100_000, 1 << 22, 4) == MIN_CHUNK_ROWS
+    # A narrow vocabulary: the budget's rows (a multiple of 128), evened out over the chunks:
+    # 16384 rows over a budget of 5376 take 4 chunks of 4096, not 3 full ones and a sliver.
+    assert LOGITS_BUDGET_BYTES // (49152 * 2) // 128 * 128 == 5376
+    rows = plan_chunk_rows(16384, 49152, 2)
+    assert rows == 4096 and rows * 49152 * 2 <= LOGITS_BUDGET_BYTES
+    # Rows not a multiple of the chunk: the even split rounds up to 128, the last chunk is ragged.
+    assert plan_chunk_rows(11000, 49152, 2) == 3712  # 3 chunks: 3712 + 3712 + 3576
     assert plan_chunk_rows(50, 1000, 4, chunk_rows=7) == 7
     assert plan_chunk_rows(50, 1000, 4, chunk_rows=70) == 50
     assert plan_chunk_rows(0, 1000, 4) == 1

@@ -29,7 +29,8 @@ REDUCTIONS = ("mean", "sum")
 
 # A chunk's logits buffer holds at most this many bytes, unless that is fewer rows than
 # MIN_CHUNK_ROWS: below that the three GEMMs per chunk get too thin to run near the matmul rate.
-LOGITS_BUDGET_BYTES = 1 << 30
+# At 128k-152k vocabularies in bf16 the minimum decides; narrower vocabularies get longer chunks.
+LOGITS_BUDGET_BYTES = 512 << 20
 MIN_CHUNK_ROWS = 2048
 # Chunk sizes are multiples of this, so each GEMM's M dimension splits into whole tiles.
 _ROW_MULTIPLE = 128
