@@ -10,8 +10,6 @@ chunk of multi-millisecond GEMMs, so launching them from Python costs nothing th
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -50,7 +48,7 @@ def forward_no_grad(hidden, weight, targets, ignore_index, reduction, chunk_rows
 @torch.library.custom_op("kernelbench::linear_cross_entropy", mutates_args=())
 def _linear_cross_entropy_op(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str,
-    chunk_rows: Optional[int], grad_hidden: bool, grad_weight: bool,  # noqa: UP045 (custom_op's schema parser)
+    chunk_rows: int | None, grad_hidden: bool, grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dh, dW): dh / dW of the loss itself, empty where not asked for."""
     loss, dh, dw = host.forward(as_rows(hidden).contiguous(), weight.contiguous(), as_targets(targets),
