@@ -18,6 +18,8 @@ _EXPORTS = {
     "silu_mul": "kernelbench.nn.swiglu",
     "cross_entropy": "kernelbench.nn.crossentropy",
     "patch_hf_model": "kernelbench.nn.hf_patch",
+    "linear_cross_entropy": "kernelbench.nn.linear_crossentropy",
+    "LinearCrossEntropyLoss": "kernelbench.nn.linear_crossentropy",
 }
 # The modules whose AUTOSELECT candidates impl="auto" times, by op name.
 _AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}

@@ -133,10 +133,12 @@ def reduce_meta(m: int, dtype: torch.dtype, reduction: str) -> dict:
 
 def backward(grad: torch.Tensor, x2d: torch.Tensor, t1d: torch.Tensor, lse: torch.Tensor,
              n_valid: torch.Tensor, ignore_index: int, reduction: str,
-             config: XentConfig | None = None) -> torch.Tensor:
-    """dlogits (M, V), contiguous, in the logits' dtype."""
+             config: XentConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dlogits (M, V), contiguous, in the logits' dtype. ``out``: where to write it, which may be
+    ``x2d`` itself (a program reads each chunk of its row before it writes that chunk, and
+    nothing of the row after); the caller checks its shape, dtype and layout."""
     m, v = x2d.shape
-    dx = torch.empty((m, v), dtype=x2d.dtype, device=x2d.device)
+    dx = torch.empty((m, v), dtype=x2d.dtype, device=x2d.device) if out is None else out
     if not m:
         return dx
     if reduction == "none":
