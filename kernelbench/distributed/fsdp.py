@@ -52,16 +52,16 @@ def make_mesh(device: torch.device, world: int, shape: tuple[int, ...] = ()):
     return init_device_mesh(device.type, shape or (world,))
 
 
-def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, mesh, reshard_after_forward: bool = True) -> torch.nn.Module:
     """``fully_shard`` the attention and the MLP of every decoder layer, then the root, whose group
     holds the embedding, the norms and the head (kernelbench's Llama applies a layer's input norm
     before the layer itself, fused with the residual add, so the norms cannot be the layer's)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for layer in model.model.layers:
-        fully_shard(layer.self_attn, mesh=mesh)
-        fully_shard(layer.mlp, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer.self_attn, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer.mlp, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     if hasattr(model, "loss"):  # Llama.loss calls forward itself: FSDP's hooks must run around it
         register_fsdp_forward_method(model, "loss")
     return model

@@ -88,8 +88,8 @@ def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeou
     ``one_gpu``: the ranks see only the first visible GPU.
     Raises RuntimeError when the run fails or passes ``timeout_s`` (the whole process tree is
     killed; the message starts with ``name`` and ends with the tail of the ranks' output). A run
-    whose ranks fail only after rank 0 wrote its result keeps the result, with a
-    ``teardown_error`` saying what failed."""
+    whose ranks fail, or pass ``timeout_s``, after rank 0 wrote a result (a worker may rewrite
+    it as it goes) keeps that result, with a ``teardown_error`` saying what failed."""
     if nproc < 1:
         raise ValueError(f"launch: nproc must be >= 1, got {nproc}")
     output = Path(output)
@@ -116,8 +116,14 @@ def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeou
     except subprocess.TimeoutExpired:
         stop_tree(proc)
         log, _ = proc.communicate()
-        raise RuntimeError(f"{name}: no result after {timeout_s:.0f} s (a rank hung?); killed. "
-                           f"Command: {' '.join(cmd)}\n" + _tail(log)) from None
+        message = (f"{name}: no result after {timeout_s:.0f} s (a rank hung?); killed. "
+                   f"Command: {' '.join(cmd)}\n" + _tail(log))
+        partial = _read_result(output)
+        if partial is None:
+            raise RuntimeError(message) from None
+        # A worker that writes its result as it goes keeps what it measured before the deadline.
+        partial["teardown_error"] = message.replace("\n", " | ")[-2000:]
+        return partial
     except BaseException:
         stop_tree(proc)  # Ctrl-C, SIGTERM, any error of the caller's: no rank outlives it
         raise

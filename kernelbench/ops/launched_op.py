@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import Candidate, Case, Op, UsageError, Workload
+from .base import Candidate, Case, Op, UsageError, Workload, unknown_name_error
 
 if TYPE_CHECKING:
     from kernelbench.harness.rows import Row
+    from kernelbench.harness.settings import TimingConfig
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,15 @@ class OpOption:
             raise UsageError(f"{self.flag} {value:g}: must be at least {self.minimum:g}")
         if self.above is not None and value <= self.above:
             raise UsageError(f"{self.flag} {value:g}: must be greater than {self.above:g}")
+
+
+DEFAULT_NPROC = 2
+
+
+def nproc_option() -> OpOption:
+    """``--nproc``, the same for every launched op (the CLI's help names all the ops taking it)."""
+    return OpOption("--nproc", "nproc", f"ranks to start through torch.distributed.run [default: {DEFAULT_NPROC}].",
+                    minimum=1)
 
 
 class LaunchedOp(Op):
@@ -78,15 +88,56 @@ class LaunchedOp(Op):
             self.options[flag].check(value)
 
     @abc.abstractmethod
-    def settings(self, device: str, given: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option's value for a run on ``device``: the given ones, else the defaults."""
+    def settings(self, device: str, given: Mapping[str, Any],
+                 timing: TimingConfig | None = None) -> dict[str, Any]:
+        """Every option's value for a run on ``device``: the given ones, else the defaults;
+        ``timing``: the run's timing settings, for an op whose ``takes`` names them."""
+
+    def given_values(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The given options by setting key (``--nproc`` -> ``nproc``), those not given left out."""
+        return {self.options[flag].key: value for flag, value in given.items() if value is not None}
+
+    def availability(self, candidate, device: str) -> str:
+        if device != "cuda":
+            return "CPU ranks on Gloo: a run-through, not a measurement"
+        import torch
+
+        gpus = torch.cuda.device_count()
+        return "yes" if gpus >= 2 else f"no: needs 2 GPUs, {gpus} visible"
 
     def device_note(self, device: str) -> str | None:
         """A line to print before a run on ``device`` (what it is, and is not, worth)."""
-        return None
+        if device == "cuda":
+            return None
+        cpu = self._default_workloads.get("cpu", [])
+        return (f"{self.name} on CPU ranks (Gloo, Triton interpreter): a run-through, not a measurement"
+                + (f"; default workload {', '.join(cpu)}." if cpu else "."))
 
     def progress_text(self, workload: str, settings: Mapping[str, Any]) -> str:
+        if "nproc" in settings:
+            return f"{self.name} {workload} on {settings['nproc']} ranks (torch.distributed.run)"
         return f"{self.name} {workload}"
+
+    def check_launch(self, workload: str, nproc: int, cpu: bool) -> None:
+        """What a launch on ``nproc`` ranks needs, checked before any process starts (UsageError)."""
+        if workload not in self.workloads:
+            raise unknown_name_error("workload", workload, self.workloads)
+        if nproc < 1:
+            raise UsageError(f"--nproc must be >= 1, got {nproc}")
+        if not cpu:
+            import torch
+
+            if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+                raise UsageError(f"--nproc {nproc} needs {nproc} GPUs; {torch.cuda.device_count()} visible")
+
+    def launch_error(self, workload: str, settings: Mapping[str, Any], candidate: str,
+                     error: Exception) -> tuple[list[Row], str]:
+        """A launch that brought back no result: one error row (the whole message) and its first line."""
+        from kernelbench.harness.rows import ERROR, Row
+
+        row = Row(self.name, workload, f"{settings.get('nproc', '?')} ranks", candidate, "time_median_ms", None,
+                  "ms", ERROR, message=str(error)[-2000:])
+        return [row], str(error).splitlines()[0]
 
     @abc.abstractmethod
     def run_workload(self, workload: str, device: str, folder: Path,

@@ -126,7 +126,7 @@ def _foreign_options_error(given: dict[str, Any]) -> str:
     """Options of other ops given to an op that does not take them: whose they are, and any look-alike."""
     by_owner: dict[str, list[str]] = {}
     for flag in given:
-        by_owner.setdefault(", ".join(o.name for o in _option_owners(flag)), []).append(flag)
+        by_owner.setdefault(", ".join(sorted(o.name for o in _option_owners(flag))), []).append(flag)
     parts = [f"{', '.join(flags)}: {owner} options only (kernelbench run {owner.split(',')[0]} ...)"
              for owner, flags in by_owner.items()]
     hints = [_option(flag).elsewhere_hint for flag in given if _option(flag).elsewhere_hint]

@@ -53,7 +53,8 @@ class Session:
             note = op.device_note(device)
             if note:
                 self.listener.note(note, important=True)
-        op_settings = {op.name: op.settings(device, {k: v for k, v in request.op_options.items() if k in op.options})
+        op_settings = {op.name: op.settings(device, {k: v for k, v in request.op_options.items() if k in op.options},
+                                          request.timing)
                        for op, _ in launches}
         recorded = dict(request.recorded)
         if bench_plan:

@@ -18,14 +18,13 @@ from kernelbench.distributed.launch import launch
 from kernelbench.harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, Row
 
 from .. import optim_workloads
-from ..base import Requires, Tolerance, UsageError, Workload, unknown_name_error
-from ..launched_op import LaunchedOp, OpOption
+from ..base import Requires, Tolerance, UsageError, Workload
+from ..launched_op import DEFAULT_NPROC, LaunchedOp, OpOption, nproc_option
 
 WORKER = f"{__name__}.worker"
 # Interpreter-sized on CPU ranks (the run takes seconds); the model-sized step on GPUs.
 DEFAULT_WORKLOADS = {"gpu": ["model-370m"], "cpu": ["model-tiny"]}
 DEFAULT_STEPS = {"cuda": 50, "cpu": 10}
-DEFAULT_NPROC = 2
 METRICS = ("sharded_step", "sharded_comm", "sharded_update", "allreduce_fused_step", "allreduce", "fused_adamw")
 HYPERPARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 # What each of the worker's timings is, as (candidate, what) rows of a kernelbench report.
@@ -45,27 +44,10 @@ def parity_tolerance() -> Tolerance:
 
 
 class DistAdamWOp(LaunchedOp):
-    def settings(self, device: str, given: Mapping[str, Any]) -> dict[str, Any]:
-        values = {self.options[flag].key: value for flag, value in given.items() if value is not None}
+    def settings(self, device: str, given: Mapping[str, Any], timing=None) -> dict[str, Any]:
+        values = self.given_values(given)
         return {"nproc": values.get("nproc", DEFAULT_NPROC), "steps": values.get("steps", DEFAULT_STEPS[device]),
                 "bucket_mb": values.get("bucket_mb"), "gather_group": values.get("gather_group", True)}
-
-    def availability(self, candidate, device: str) -> str:
-        if device != "cuda":
-            return "CPU ranks on Gloo: a run-through, not a measurement"
-        import torch
-
-        gpus = torch.cuda.device_count()
-        return "yes" if gpus >= 2 else f"no: needs 2 GPUs, {gpus} visible"
-
-    def device_note(self, device: str) -> str | None:
-        if device == "cuda":
-            return None
-        return (f"{self.name} on CPU ranks (Gloo, Triton interpreter): a run-through, not a measurement; "
-                f"default workload {DEFAULT_WORKLOADS['cpu'][0]}.")
-
-    def progress_text(self, workload: str, settings: Mapping[str, Any]) -> str:
-        return f"{self.name} {workload} on {settings['nproc']} ranks (torch.distributed.run)"
 
     def run_workload(self, workload: str, device: str, folder: Path,
                      settings: Mapping[str, Any]) -> tuple[list[Row], str | None]:
@@ -74,9 +56,7 @@ class DistAdamWOp(LaunchedOp):
                                      folder / f"{self.name}-{workload}.json", bucket_mb=settings["bucket_mb"],
                                      gather_group=settings["gather_group"], cpu=device == "cpu")
         except RuntimeError as exc:
-            row = Row(self.name, workload, f"{settings['nproc']} ranks", "sharded-zero1", "time_median_ms", None, "ms",
-                      ERROR, message=str(exc)[-2000:])
-            return [row], str(exc).splitlines()[0]
+            return self.launch_error(workload, settings, "sharded-zero1", exc)
         return result_rows(result), None
 
 
@@ -93,8 +73,7 @@ OP = DistAdamWOp(
     speed_anchor="allreduce+torch-fused",
     default_workloads=DEFAULT_WORKLOADS,
     options=[
-        OpOption("--nproc", "nproc", f"ranks to start through torch.distributed.run [default: {DEFAULT_NPROC}].",
-                 minimum=1),
+        nproc_option(),
         OpOption("--steps", "steps", "timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. "
                  "For parity steps of other ops see --parity-steps.", minimum=1,
                  elsewhere_hint="parity steps are --parity-steps"),
@@ -132,19 +111,11 @@ def launch_workload(nproc: int, workload: str, steps: int, output: Path, *, warm
     Raises UsageError for bad arguments (checked here, before any process starts), and
     RuntimeError when the run fails or passes ``timeout_s`` (see
     :func:`kernelbench.distributed.launch.launch`)."""
-    if workload not in OP.workloads:
-        raise unknown_name_error("workload", workload, OP.workloads)
-    if nproc < 1:
-        raise UsageError(f"--nproc must be >= 1, got {nproc}")
+    OP.check_launch(workload, nproc, cpu)
     if bucket_mb is not None and bucket_mb <= 0:
         raise UsageError(f"--bucket-mb must be > 0, got {bucket_mb:g}")
     if steps < 1 or warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
-    if not cpu:
-        import torch
-
-        if torch.cuda.is_available() and nproc > torch.cuda.device_count():
-            raise UsageError(f"--nproc {nproc} needs {nproc} GPUs; {torch.cuda.device_count()} visible")
     args = ["--workload", workload, "--steps", steps, "--warmup", warmup]
     args += ["--bucket-mb", bucket_mb] if bucket_mb is not None else []
     args += ["--gather-group"] if gather_group else []

@@ -1,0 +1,293 @@
+"""dist-train-step: a whole data-parallel training step of a Llama on N ranks, per wrapper and optimizer.
+
+Every candidate builds the same model from one seed on every rank, wraps it its own way and trains
+on each rank's own seeded tokens: forward and backward under bf16 autocast (fp32 params), gradient
+clipping, the optimizer step, zero_grad. The worker (:mod:`kernelbench.ops.dist_train_step.worker`,
+started through ``torch.distributed.run``) builds one candidate at a time, so only one holds
+memory, and interleaves them round by round (rebuilt each round). Rank 0 rewrites its JSON after
+every candidate's round, so what was measured survives a later failure or the deadline.
+
+Rows per candidate: the whole step's median (slowest rank per rep), tokens/s over all ranks, peak
+memory and optimizer state per rank (largest rank), exposed communication, and the loss check.
+
+- exposed_comm_ms: the step's median minus the median of the same candidate's step with its
+  gradient communication switched off (DDP's ``no_sync``; ShardedAdamW's ``no_sync`` and
+  ``update_only``), timed in the same rounds; not measured where a wrapper cannot switch it off
+  without changing the work (FSDP2's all-gathers, ZeRO's step inside DDP's hook).
+- loss check: each candidate's losses over the first ``CHECK_STEPS`` steps from the seed weights
+  on fixed tokens, against the DDP baseline's, within ``LOSS_RTOL``. Losses, not parameters: Adam's
+  first update is lr * sign(g), so a reduction order that flips the sign of a near-zero gradient
+  moves a parameter by 2 lr without changing the loss beyond rounding.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kernelbench.distributed.launch import launch
+from kernelbench.harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row
+
+from ..base import Requires, Workload
+from ..launched_op import DEFAULT_NPROC, LaunchedOp, nproc_option
+
+WORKER = f"{__name__}.worker"
+BASELINE = "ddp+torch-fused"
+DEFAULT_WORKLOADS = {"gpu": ["llama-1b-1x2048", "llama-1b-4x2048"], "cpu": ["llama-tiny-1x32"]}
+LR = 1e-3  # large enough that the checked losses fall by far more than the tolerance
+MAX_GRAD_NORM = 1.0
+CHECK_STEPS = 3
+LOSS_RTOL = 1e-2  # bf16 autocast (METHOD.md's bf16 relative tolerance)
+# CPU ranks run the interpreter: one short round is a run-through, whatever the timing settings say.
+CPU_RUN_THROUGH = {"rounds": 1, "warmup_steps": 0, "reps": 1}
+LAUNCH_TIMEOUT_S = {"cuda": 1500.0, "cpu": 300.0}
+# The worker stops starting candidates this long before the launch's deadline, so its JSON is final.
+BUDGET_MARGIN_S = 60.0
+
+# Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocab 128256, tied head.
+LLAMA_1B = {"vocab_size": 128256, "hidden": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8,
+            "intermediate": 8192, "max_seq": 2048, "rope_theta": 500000.0, "eps": 1e-5, "tie_embeddings": True}
+LLAMA_TINY = {"vocab_size": 128, "hidden": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+              "intermediate": 128, "max_seq": 64}
+
+
+def _workload(name: str, tier: str, config: dict[str, Any], batch: int, seq: int, note: str = "") -> Workload:
+    return Workload(name, tier, {"config": config, "batch": batch, "seq": seq}, seed=0, note=note)
+
+
+WORKLOADS = [
+    _workload("llama-1b-1x2048", "gpu", LLAMA_1B, 1, 2048, "Llama-3.2-1B-like, 1 x 2048 tokens per rank"),
+    _workload("llama-1b-4x2048", "gpu", LLAMA_1B, 4, 2048, "Llama-3.2-1B-like, 4 x 2048 tokens per rank"),
+    _workload("llama-tiny-1x32", "cpu", LLAMA_TINY, 1, 32, "interpreter-sized, CPU ranks"),
+]
+
+
+class DistTrainStepOp(LaunchedOp):
+    # The harness's timing options set the rounds and reps of the worker (CUDA ranks).
+    takes = ("-w/--workload", "--rounds", "--warmup-ms", "--rep-ms")
+    takes_shown = ("-w", "--rounds", "--warmup-ms", "--rep-ms", "--device", "-o", "--format")
+
+    def settings(self, device: str, given: Mapping[str, Any], timing=None) -> dict[str, Any]:
+        from kernelbench.harness.settings import DEFAULT_TIMING
+
+        timing = timing or DEFAULT_TIMING
+        values = self.given_values(given)
+        return {"nproc": values.get("nproc", DEFAULT_NPROC), "rounds": timing.rounds, "warmup_ms": timing.warmup_ms,
+                "rep_ms": timing.rep_ms, "min_reps": timing.min_reps, "max_reps": timing.max_reps}
+
+    def run_workload(self, workload: str, device: str, folder: Path,
+                     settings: Mapping[str, Any]) -> tuple[list[Row], str | None]:
+        try:
+            result = launch_workload(settings, workload, folder / f"{self.name}-{workload}.json",
+                                     cpu=device == "cpu")
+        except RuntimeError as exc:
+            return self.launch_error(workload, settings, BASELINE, exc)
+        rows = result_rows(result)
+        error = result.get("teardown_error")
+        return rows, (error.split(" | ")[0] if error else None)
+
+
+OP = DistTrainStepOp(
+    "dist-train-step",
+    doc="A whole training step (forward, backward, clipping, optimizer) of a Llama on N ranks.",
+    workloads=WORKLOADS,
+    reference=BASELINE,
+    speed_anchor=BASELINE,
+    default_workloads=DEFAULT_WORKLOADS,
+    options=[nproc_option()],
+)
+
+# The order is the run's order: the headline comparison first, so a deadline cuts the diagnostics.
+# Each factory takes the worker's Setup and returns a worker.TrainStep; the check is the op's own.
+_GPUS = Requires(min_gpus=2)
+
+
+@OP.candidate(BASELINE, requires=_GPUS, baseline=True, parity=False)
+def ddp_torch_fused(setup):
+    """DistributedDataParallel (gradient_as_bucket_view) + torch.optim.AdamW(fused=True)."""
+    from . import worker
+
+    return worker.ddp_step(setup)
+
+
+@OP.candidate("sharded-adamw-overlap", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap(setup):
+    """ShardedAdamW(overlap_grad_reduce=True): reduce-scatters issued during backward, ZeRO-1 update."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True)
+
+
+@OP.candidate("fsdp2-noreshard+torch-fused", requires=_GPUS, parity=False)
+def fsdp2_noreshard_torch_fused(setup):
+    """FSDP2 fully_shard(reshard_after_forward=False) per attention / MLP + root, torch fused AdamW."""
+    from . import worker
+
+    return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused")
+
+
+@OP.candidate("fsdp2+torch-fused", requires=_GPUS, parity=False)
+def fsdp2_torch_fused(setup):
+    """FSDP2 fully_shard(reshard_after_forward=True) per attention / MLP + root, torch fused AdamW."""
+    from . import worker
+
+    return worker.fsdp_step(setup, reshard_after_forward=True, optimizer="torch-fused")
+
+
+@OP.candidate("fsdp2+triton-adamw", requires=Requires(triton=True, min_gpus=2), parity=False)
+def fsdp2_triton_adamw(setup):
+    """FSDP2 fully_shard(reshard_after_forward=True), kernelbench's TritonAdamW on the local shards."""
+    from . import worker
+
+    return worker.fsdp_step(setup, reshard_after_forward=True, optimizer="triton")
+
+
+@OP.candidate("zero-overlap+torch-fused", requires=_GPUS, parity=False)
+def zero_overlap_torch_fused(setup):
+    """ZeroRedundancyOptimizer(AdamW fused, overlap_with_ddp=True) stepped in DDP's comm hook."""
+    from . import worker
+
+    return worker.zero_overlap_step(setup)
+
+
+@OP.candidate("sharded-adamw", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw(setup):
+    """ShardedAdamW after backward (reduce-scatter, Triton update, all-gather, pipelined in step())."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=False)
+
+
+def worker_plan(settings: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
+    """The rounds and rep budget the worker gets (CPU ranks: the fixed run-through)."""
+    if cpu:
+        return dict(CPU_RUN_THROUGH)
+    return {"rounds": settings["rounds"], "warmup_ms": settings["warmup_ms"], "rep_ms": settings["rep_ms"],
+            "min_reps": settings["min_reps"], "max_reps": settings["max_reps"]}
+
+
+def launch_workload(settings: Mapping[str, Any], workload: str, output: Path, *, cpu: bool = False,
+                    timeout_s: float | None = None) -> dict[str, Any]:
+    """Runs the worker on ``settings['nproc']`` ranks; returns rank 0's JSON (complete or as far
+    as it got). Raises UsageError for bad arguments before any process starts, RuntimeError when
+    the ranks bring back nothing."""
+    nproc = settings["nproc"]
+    OP.check_launch(workload, nproc, cpu)
+    timeout_s = timeout_s or LAUNCH_TIMEOUT_S["cpu" if cpu else "cuda"]
+    args = ["--workload", workload, "--budget-s", max(1.0, timeout_s - BUDGET_MARGIN_S)]
+    for key, value in worker_plan(settings, cpu).items():
+        args += [f"--{key.replace('_', '-')}", value]
+    return launch(WORKER, nproc, [str(a) for a in args], output, timeout_s=timeout_s, cpu=cpu, name=OP.name)
+
+
+# ------------------------------------------------------------------------------------------------
+def slowest_rank_stats(per_rank: list[list[float]]) -> dict[str, Any]:
+    """Median, quartiles and reps of the slowest rank's time per rep (a step ends when every rank's does)."""
+    slowest = [max(times) for times in zip(*per_rank)]
+    if not slowest:
+        return {"median": None, "reps": 0}
+    q = statistics.quantiles(slowest, n=4, method="inclusive") if len(slowest) > 1 else [slowest[0]] * 3
+    median = statistics.median(slowest)
+    return {"median": median, "p25": q[0], "p75": q[2], "iqr": q[2] - q[0], "min": min(slowest),
+            "reps": len(slowest), "noisy": median > 0 and (q[2] - q[0]) / median > 0.10}
+
+
+def exposed_comm_ms(step: dict[str, Any], comm_free: dict[str, Any]) -> float | None:
+    """Step median minus the comm-free step's median (never below zero: overlap can only hide)."""
+    if step.get("median") is None or comm_free.get("median") is None:
+        return None
+    return max(0.0, step["median"] - comm_free["median"])
+
+
+def loss_check(losses: list[list[float]], reference: list[list[float]], rtol: float = LOSS_RTOL) -> dict[str, Any]:
+    """Each rank's losses step by step against the reference's on the same rank; passes when every
+    one is within ``rtol`` of the reference. ``discriminating``: the reference's losses fell by
+    more than twice the tolerance, so a candidate that did not step would fail."""
+    worst, outside = 0.0, 0
+    for mine, ref in zip(losses, reference, strict=True):
+        for a, b in zip(mine, ref, strict=True):
+            rel = abs(a - b) / max(abs(b), 1e-12)
+            worst = max(worst, rel)
+            outside += not rel <= rtol  # a NaN is outside
+    fall = min(ref[0] - ref[-1] for ref in reference)
+    scale = max(abs(ref[0]) for ref in reference)
+    return {"max_rel_diff": worst, "n_outside": outside, "rtol": rtol, "passed": outside == 0,
+            "reference_fall": fall, "discriminating": fall > 2 * rtol * scale}
+
+
+def result_rows(result: dict[str, Any]) -> list[Row]:
+    """The worker's JSON as report rows, one group per candidate that got as far as a status."""
+    workload = result["workload"]
+    world = result["world_size"]
+    tokens = result["tokens_per_rank"] * world
+    mode = f"{world} ranks, {result['tokens_per_rank']} tokens per rank, bf16 autocast"
+    interpreted = result["backend"] != "nccl"
+    reference_losses = result["candidates"].get(BASELINE, {}).get("losses")
+
+    def row(candidate, metric, value, unit, message="", status=OK, flags=""):
+        return Row(result["op"], workload, mode, candidate, metric, value, unit, status, flags, message=message)
+
+    rows: list[Row] = []
+    anchor = None
+    for name, c in result["candidates"].items():
+        if c["status"] in ("skipped", "pending"):
+            rows.append(row(name, "time_median_ms", None, "ms", c["reason"], status=SKIPPED))
+            continue
+        if c["status"] == "error":
+            rows.append(row(name, "time_median_ms", None, "ms", c["reason"], status=ERROR))
+            continue
+        step = slowest_rank_stats(c["step_ms"])
+        free = slowest_rank_stats(c["comm_free_ms"]) if c.get("comm_free_ms") else {}
+        what = f"{c['what']}; clipping: {c['clipping']}; {result['timing']}"
+        if interpreted:
+            rows.append(row(name, "time_median_ms", None, "ms", "CPU ranks (Gloo, Triton interpreter): time not "
+                            f"measured; {what}", status=NOT_MEASURED))
+        else:
+            rows.append(row(name, "time_median_ms", step["median"], "ms", what, flags="noisy" if step["noisy"] else ""))
+            for key in ("p25", "p75", "iqr", "min"):
+                rows.append(row(name, f"time_{key}_ms", step[key], "ms"))
+            rows.append(row(name, "reps", step["reps"], ""))
+            rows.append(row(name, "tokens_per_s", tokens / (step["median"] / 1e3), "tok/s", f"{tokens} tokens over "
+                            f"{world} ranks per step"))
+            if name == BASELINE:
+                anchor = step["median"]
+            elif anchor:
+                rows.append(row(name, "ratio_vs_anchor", step["median"] / anchor, "x",
+                                f"median / median of {BASELINE} in the same run (below 1: faster)"))
+            exposed = exposed_comm_ms(step, free)
+            if exposed is None:
+                rows.append(row(name, "exposed_comm_ms", None, "ms", c.get("comm_free_reason", ""),
+                                status=NOT_MEASURED))
+            else:
+                rows.append(row(name, "exposed_comm_ms", exposed, "ms", "step median minus the median of the same "
+                                f"step with gradient communication off ({c['comm_free_how']}), same rounds"))
+        if c.get("peak_bytes") and all(v is not None for v in c["peak_bytes"]):
+            rows.append(row(name, "peak_bytes", max(c["peak_bytes"]), "B", "per rank (largest): peak allocated over "
+                            "the candidate's build and steps minus allocated before it"))
+        if c.get("state_bytes"):
+            rows.append(row(name, "state_bytes", max(c["state_bytes"]), "B",
+                            "per rank (largest): the optimizer's state tensors on this rank"))
+        rows += _check_rows(name, c.get("losses"), reference_losses, row)
+    if "teardown_error" in result:
+        rows.append(row(BASELINE, "teardown", None, "", result["teardown_error"], status=ERROR))
+    return rows
+
+
+def _check_rows(name: str, losses, reference, row) -> list[Row]:
+    what = f"losses of the first {CHECK_STEPS} steps from the seed weights vs {BASELINE}, per rank"
+    if losses is None:
+        return []
+    if name == BASELINE:
+        return [row(name, "loss_first", max(r[0] for r in losses), "", what)]
+    if reference is None:
+        return [row(name, "loss_check", None, "", f"{BASELINE} has no losses to compare with", status=NOT_MEASURED)]
+    check = loss_check(losses, reference)
+    status = PASS if check["passed"] else FAIL
+    verdict = (f"every loss within rtol {check['rtol']:g}" if check["passed"]
+               else f"{check['n_outside']} losses outside rtol {check['rtol']:g}")
+    if not check["discriminating"]:
+        verdict += f" (the baseline's losses fell by {check['reference_fall']:.3g} only: a weak check)"
+    return [row(name, "loss_max_rel_vs_baseline", check["max_rel_diff"], "", what, status=status),
+            row(name, "parity", 1.0 if check["passed"] else 0.0, "", f"{what}: {verdict}", status=status)]

@@ -1,0 +1,377 @@
+"""dist-train-step's worker, on every rank: each candidate's whole training step, round by round.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 4 -m kernelbench.ops.dist_train_step.worker \\
+        --workload llama-1b-1x2048 --rounds 3 --warmup-ms 25 --rep-ms 1500 --budget-s 1400 --output out.json
+
+Per round, per candidate (in the op's order): build the model from the workload's seed, wrap it,
+(round 1: the loss check), warm up, time the steps, time the comm-free steps where there are any,
+free everything. Counts are rank 0's and broadcast, so every rank runs the same steps; rank 0 also
+decides, before each candidate's round, whether the budget leaves time for it. A candidate that
+raises on every rank is recorded as an error and left out of later rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import inspect
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kernelbench.distributed.worker import RankTimer, environment, init_ranks
+from kernelbench.ops.dist_train_step import CHECK_STEPS, LR, MAX_GRAD_NORM, OP, WORKER
+
+HYPERPARAMS = {"lr": LR, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+WARMUP_MIN_STEPS = 2  # the first step allocates grads and state; the second runs as every later one
+
+
+@dataclass
+class Setup:
+    """What a candidate's factory needs: the model's config, this rank's device and the world."""
+
+    config: Any
+    seed: int
+    device: torch.device
+    world: int
+    backend: str
+
+    def model(self) -> torch.nn.Module:
+        from kernelbench.distributed.fsdp import build_model
+
+        return build_model(self.config, self.seed, self.device)
+
+
+@dataclass
+class TrainStep:
+    """One candidate's step. ``wrapped(tokens)`` -> logits; ``step_optimizer`` None: the update runs
+    inside backward; ``no_sync`` / ``update_only``: the same step with gradient communication off."""
+
+    wrapped: Callable[[torch.Tensor], torch.Tensor]
+    model: torch.nn.Module
+    optimizer: Any
+    what: str
+    clipping: str  # "torch" (clip_grad_norm_ on the step's grads), "optimizer", or "none: why"
+    step_optimizer: Callable[[], Any] | None
+    no_sync: Callable[[], Any] | None = None
+    update_only: Callable[[], Any] | None = None
+    comm_free_how: str = ""
+    comm_free_reason: str = ""
+    warmup_iterations: int = 0  # iterations the wrapper needs before its step updates anything
+    params: list[torch.Tensor] = field(default_factory=list)
+
+    def run(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True) -> torch.Tensor:
+        quiet = contextlib.nullcontext() if communicate or self.no_sync is None else self.no_sync()
+        with quiet:
+            with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+                logits = self.wrapped(tokens)
+            loss = self.model.layer_set.loss(logits, targets)
+            loss.backward()
+        if self.clipping == "torch":
+            torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
+        update = self.step_optimizer if communicate else self.update_only
+        if update is not None:
+            update()
+        self.optimizer.zero_grad()
+        return loss.detach()
+
+    def state_bytes(self) -> int:
+        if hasattr(self.optimizer, "state_bytes"):
+            return int(self.optimizer.state_bytes())
+        inner = getattr(self.optimizer, "optim", self.optimizer)  # ZeroRedundancyOptimizer's local one
+        total = 0
+        for state in inner.state.values():
+            for t in state.values():
+                if isinstance(t, torch.Tensor):
+                    local = t.to_local() if hasattr(t, "to_local") else t
+                    total += local.numel() * local.element_size()
+        return total
+
+
+def _fused() -> dict[str, Any]:
+    return {"fused": True}
+
+
+def ddp_step(setup: Setup) -> TrainStep:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = setup.model()
+    ids = [setup.device.index] if setup.device.type == "cuda" else None
+    ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    opt = torch.optim.AdamW(model.parameters(), **HYPERPARAMS, **_fused())
+    return TrainStep(ddp, model, opt, "DDP all-reduce in backward, torch fused AdamW on every parameter", "torch",
+                     opt.step, no_sync=ddp.no_sync, update_only=opt.step, comm_free_how="DDP no_sync",
+                     params=list(model.parameters()))
+
+
+def fsdp_step(setup: Setup, *, reshard_after_forward: bool, optimizer: str) -> TrainStep:
+    from kernelbench.distributed.fsdp import make_mesh, shard_model
+
+    model = shard_model(setup.model(), make_mesh(setup.device, setup.world), reshard_after_forward)
+    params = list(model.parameters())
+    if optimizer == "triton":
+        from kernelbench.optim import TritonAdamW
+
+        opt = TritonAdamW(params, **HYPERPARAMS)
+    else:
+        opt = torch.optim.AdamW(params, **HYPERPARAMS, **_fused())
+    what = (f"FSDP2 (reshard_after_forward={reshard_after_forward}) all-gather / reduce-scatter, "
+            f"{'TritonAdamW' if optimizer == 'triton' else 'torch fused AdamW'} on the local shards")
+    return TrainStep(model, model, opt, what, "torch", opt.step, params=params,
+                     comm_free_reason="not measured: FSDP2's all-gathers are part of its forward and backward")
+
+
+def zero_overlap_step(setup: Setup) -> TrainStep | str:
+    if setup.backend != "nccl":
+        return "skipped: torch's hook_with_zero_step runs on NCCL only (Gloo may hang)"
+    from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = setup.model()
+    ddp = DDP(model, device_ids=[setup.device.index])
+    zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, overlap_with_ddp=True,
+                                   **HYPERPARAMS, **_fused())
+    ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
+    return TrainStep(ddp, model, zero, "DDP all-reduce with ZeroRedundancyOptimizer's fused AdamW stepped in the "
+                     "comm hook (overlap_with_ddp)", "none: the update runs inside backward, before a norm exists",
+                     None, comm_free_reason="not measured: the update runs in DDP's comm hook",
+                     warmup_iterations=2, params=list(model.parameters()))
+
+
+def sharded_step(setup: Setup, *, overlap: bool) -> TrainStep | str:
+    from kernelbench.optim.sharded_adamw import ShardedAdamW
+
+    accepted = inspect.signature(ShardedAdamW).parameters
+    if overlap and "overlap_grad_reduce" not in accepted:
+        return "skipped: the installed ShardedAdamW has no overlap_grad_reduce argument"
+    model = setup.model()
+    kwargs: dict[str, Any] = {"overlap_grad_reduce": True, "grad_comm_dtype": None} if overlap else {}
+    clipping = "torch"
+    if "max_grad_norm" in accepted:
+        kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
+    opt = ShardedAdamW(list(model.named_parameters()), **HYPERPARAMS, **kwargs)
+    no_sync = getattr(opt, "no_sync", None) if overlap else contextlib.nullcontext
+    what = ("ShardedAdamW, reduce-scatters issued during backward" if overlap
+            else "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined")
+    if clipping == "torch":
+        clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
+    return TrainStep(model, model, opt, what, clipping, opt.step, no_sync=no_sync, update_only=opt.update_only,
+                     comm_free_how="ShardedAdamW no_sync + update_only" if overlap else "ShardedAdamW update_only",
+                     params=list(model.parameters()))
+
+
+# ------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {WORKER}", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", required=True, help="one of " + ", ".join(sorted(OP.workloads)))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup-ms", type=float, default=None, help="warm-up time per candidate and round")
+    parser.add_argument("--rep-ms", type=float, default=None, help="timed time per candidate over all rounds")
+    parser.add_argument("--min-reps", type=int, default=10)
+    parser.add_argument("--max-reps", type=int, default=1000)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="fixed warm-up steps (instead of --warmup-ms)")
+    parser.add_argument("--reps", type=int, default=None, help="fixed timed steps per round (instead of --rep-ms)")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="no candidate's round starts past this")
+    parser.add_argument("--candidates", default=None, help="comma-separated subset, in the op's order")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="process group timeout")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.workload not in OP.workloads:
+        parser.error(f"unknown workload {args.workload}")
+    if args.rounds < 1 or args.budget_s <= 0:
+        parser.error("--rounds must be >= 1 and --budget-s > 0")
+    return args
+
+
+def step_counts(args: argparse.Namespace, est_ms: float | None, warmup_iterations: int) -> tuple[int, int]:
+    """(warm-up steps, timed steps) per round: fixed ones as given, else from the time budgets and a
+    step's estimated ``est_ms``; the wrapper's own warm-up iterations come first either way."""
+    if args.warmup_steps is not None and args.reps is not None:
+        return warmup_iterations + args.warmup_steps, args.reps
+    est_ms = max(est_ms or 0.0, 1e-3)
+    warm = math.ceil((args.warmup_ms or 0) / est_ms)
+    per_round = math.ceil((args.rep_ms or 0) / est_ms / args.rounds)
+    reps = min(max(per_round, math.ceil(args.min_reps / args.rounds)), max(1, args.max_reps // args.rounds))
+    return warmup_iterations + max(WARMUP_MIN_STEPS, warm), max(1, reps)
+
+
+def _tokens(workload, device: torch.device, rank: int, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cpu").manual_seed(workload.seed * 7919 + 131 * rank + salt)
+    spec, vocab = workload.spec, workload.spec["config"]["vocab_size"]
+    tokens = torch.randint(0, vocab, (spec["batch"], spec["seq"] + 1), generator=gen).to(device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decide(rank: int, value: Any) -> Any:
+    """Rank 0's value on every rank (counts and go / stop decisions must agree)."""
+    box = [value if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est: dict[str, float],
+                        first_round: bool) -> dict[str, Any]:
+    """One round of one candidate on this rank: its times, memory and (first round) losses."""
+    device = setup.device
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    trainer = OP.get_candidate(name).build(setup)
+    if isinstance(trainer, str):
+        return {"skipped": trainer}
+    out: dict[str, Any] = {"what": trainer.what, "clipping": trainer.clipping,
+                           "comm_free_how": trainer.comm_free_how, "comm_free_reason": trainer.comm_free_reason}
+    if first_round:
+        tokens, targets = _tokens(workload, device, rank, salt=1)
+        for _ in range(trainer.warmup_iterations):  # no update happens in these (torch's ZeRO overlap)
+            trainer.run(tokens, targets)
+        out["losses"] = [float(trainer.run(tokens, targets)) for _ in range(CHECK_STEPS)]
+    tokens, targets = _tokens(workload, device, rank, salt=2)
+    fixed = args.warmup_steps is not None and args.reps is not None
+    done = 0
+    if name not in est and not fixed:  # the first round: a few steps, then one timed to size the rest
+        for _ in range(trainer.warmup_iterations + WARMUP_MIN_STEPS):
+            trainer.run(tokens, targets)
+        _sync(device)
+        t0 = time.perf_counter()
+        trainer.run(tokens, targets)
+        _sync(device)
+        est[name] = _decide(rank, (time.perf_counter() - t0) * 1e3)
+        done = trainer.warmup_iterations + WARMUP_MIN_STEPS + 1
+    warm, reps = step_counts(args, est.get(name), trainer.warmup_iterations)
+    for _ in range(max(0, warm - done)):
+        trainer.run(tokens, targets)
+    timer = RankTimer(device, ["step", "comm_free"])
+    step = functools.partial(trainer.run, tokens, targets)
+    for _ in range(reps):
+        timer.rep("step", step, record=True)
+    if trainer.no_sync is not None and trainer.update_only is not None:
+        quiet_step = functools.partial(trainer.run, tokens, targets, communicate=False)
+        for _ in range(min(warm, 1)):
+            timer.rep("comm_free", quiet_step, record=False)
+        for _ in range(reps):
+            timer.rep("comm_free", quiet_step, record=True)
+    times = timer.results_ms()
+    out.update(step_ms=times["step"], comm_free_ms=times["comm_free"], timing=timer.describe(),
+               state_bytes=trainer.state_bytes())
+    out["peak_bytes"] = None if before is None else torch.cuda.max_memory_allocated(device) - before
+    del trainer, timer, step
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    start = time.monotonic()
+    device, backend, rank, world = init_ranks(args.timeout_s)
+    from kernelbench.models import LlamaConfig
+
+    workload = OP.workloads[args.workload]
+    setup = Setup(LlamaConfig(**workload.spec["config"]), workload.seed, device, world, backend)
+    names = list(OP.candidates) if args.candidates is None else args.candidates.split(",")
+    spec = workload.spec
+    result: dict[str, Any] = {
+        "op": OP.name, "workload": workload.name, "world_size": world, "backend": backend,
+        "tokens_per_rank": spec["batch"] * spec["seq"], "config": spec["config"], "hyperparams": HYPERPARAMS,
+        "rounds": args.rounds, "complete": False, "timing": "",
+        "candidates": {n: {"status": "pending", "reason": "not reached before the run ended"} for n in names},
+        "environment": environment(device, backend),
+        "command": " ".join([Path(sys.executable).name, "-m", WORKER, *sys.argv[1:]]),
+    }
+    est: dict[str, float] = {}
+    round_s: dict[str, float] = {}
+    failed: set[str] = set()
+    for r in range(args.rounds):
+        for name in names:
+            if name in failed:
+                continue
+            elapsed = time.monotonic() - start
+            go = _decide(rank, elapsed + round_s.get(name, 0.0) < args.budget_s)
+            if not go:
+                entry = result["candidates"][name]
+                if entry["status"] == "pending":
+                    entry.update(status="skipped", reason=f"time budget ({args.budget_s:.0f} s) spent before it ran")
+                continue
+            t0 = time.monotonic()
+            try:
+                mine: dict[str, Any] = run_candidate_round(name, setup, args, workload, rank, est, r == 0)
+            except Exception as exc:  # every rank raising (OOM, a missing API) leaves the others in step
+                mine = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
+            _free(device)
+            round_s[name] = time.monotonic() - t0
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, mine)
+            if rank == 0:
+                _merge(result["candidates"][name], gathered, r)
+                result["timing"] = next((g["timing"] for g in gathered if "timing" in g), result["timing"])
+                _write(args.output, result)
+            if any("error" in g or "skipped" in g for g in gathered):
+                failed.add(name)
+    if rank == 0:
+        result["complete"] = True
+        _write(args.output, result)
+    dist.barrier()
+    dist.destroy_process_group()
+    return result if rank == 0 else None
+
+
+def _merge(entry: dict[str, Any], gathered: list[dict[str, Any]], round_index: int) -> None:
+    """One round's per-rank results into the candidate's entry (times appended, peaks maxed)."""
+    errors = [f"rank {i}: {g['error']}" for i, g in enumerate(gathered) if "error" in g]
+    skipped = [g["skipped"] for g in gathered if "skipped" in g]
+    if errors:
+        entry.update(status="error", reason="; ".join(errors)[:2000])
+        return
+    if skipped:
+        entry.update(status="skipped", reason=skipped[0])
+        return
+    if entry["status"] != "ok":
+        entry.clear()
+        entry.update(status="ok", step_ms=[[] for _ in gathered], comm_free_ms=[[] for _ in gathered],
+                     peak_bytes=[None] * len(gathered), rounds_done=0)
+        for key in ("what", "clipping", "comm_free_how", "comm_free_reason"):
+            entry[key] = gathered[0][key]
+    for i, g in enumerate(gathered):
+        entry["step_ms"][i] += g["step_ms"]
+        entry["comm_free_ms"][i] += g["comm_free_ms"]
+        if g["peak_bytes"] is not None:
+            entry["peak_bytes"][i] = max(entry["peak_bytes"][i] or 0, g["peak_bytes"])
+    entry["state_bytes"] = [g["state_bytes"] for g in gathered]
+    if "losses" in gathered[0]:
+        entry["losses"] = [g["losses"] for g in gathered]
+    entry["rounds_done"] = round_index + 1
+
+
+if __name__ == "__main__":
+    main()
