@@ -114,7 +114,6 @@ def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor
     return out
 
 
-
 @dataclass(frozen=True)
 class ShardInfo:
     """Where a tensor's local rows sit in the whole tensor (plans of sharded tensors only)."""

@@ -58,6 +58,7 @@ from .host import (
 
 _WHO = "Adafactor8bit"
 
+
 class Adafactor8bit(torch.optim.Optimizer):
     """Adafactor with 8-bit block-wise state (math, layout and errors: ``kernels.py``).
 

@@ -194,6 +194,7 @@ def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype) -> None:
     kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
     kernel[plan.grid](*plan.scalars, **plan.constexprs)
 
+
 # Elements of a commit row's blocks (and scales) one iteration of the commit kernel handles.
 COMMIT_BLOCK = 1024
 
