@@ -308,30 +308,33 @@ class LlamaStepCase:
         return held + torch.cuda.max_memory_allocated() - before
 
     def extra_rows(self, median_ms: float) -> list[tuple[str, float, str, str]]:
-        """(metric, value, unit, message) rows beside the timing: throughput, peak memory, the
-        optimizer's share."""
+        """(metric, value, unit, message) rows beside the timing: throughput, the optimizer's
+        share, peak memory (measured last: its extra step is not among the timed ones)."""
         rows = [("tokens_per_s", _tokens(self.workload) / (median_ms * 1e-3), "tok/s",
                  f"{_tokens(self.workload)} tokens per step / median step time")]
+        if self.optimizer is not None:
+            rows += self._optimizer_rows(median_ms)
         if self.device == "cuda":
             rows.append(("peak_mem_bytes", self._peak_memory(), "B",
                          "weights, optimizer state and the allocator's peak during one more step beyond what "
                          "was allocated before it" + (" (CUDA graphs' pool held before the step is not seen)"
                                                       if self._cudagraphs else "")))
-        if self.optimizer is None:
-            return rows
+        return rows
+
+    def _optimizer_rows(self, median_ms: float) -> list[tuple[str, float, str, str]]:
         if self.device == "cuda":
             import torch
 
             torch.cuda.synchronize()
             self.optimizer_ms.extend(s.elapsed_time(e) for s, e in self._pending)
             self._pending = []
-        if self.optimizer_ms:
-            ordered = sorted(self.optimizer_ms)
-            opt_ms = ordered[len(ordered) // 2]
-            rows.append(("optimizer_ms", opt_ms, "ms", f"median of optimizer.step() over {len(ordered)} timed steps "
-                         f"({self.spec.optimizer})"))
-            rows.append(("optimizer_share", opt_ms / median_ms, "", "optimizer_ms / median step time"))
-        return rows
+        if not self.optimizer_ms:
+            return []
+        ordered = sorted(self.optimizer_ms)
+        opt_ms = ordered[len(ordered) // 2]
+        return [("optimizer_ms", opt_ms, "ms", f"median of optimizer.step() over {len(ordered)} timed steps "
+                 f"({self.spec.optimizer})"),
+                ("optimizer_share", opt_ms / median_ms, "", "optimizer_ms / median step time")]
 
 
 # Logits and gradients of a whole model against fp32 (GPU) / fp64 (CPU) torch layers: errors
