@@ -266,6 +266,11 @@ def run(
                                                          help=op_option_help("--gather-group"))] = None,
     seed: SeedOpt = None,
     sweep: SweepOpt = None,
+    model: Annotated[str | None, typer.Option("--model", help="llama-step: a model of the grid (list --workloads) "
+                                                              "or hidden=..,layers=..,heads=..,kv_heads=..,"
+                                                              "intermediate=..,vocab=..")] = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", help="llama-step: batch x sequence, e.g. 4x2048 (of "
+                                                                "--model, else of each -w).")] = None,
     plugin: PluginOpt = None,
 ) -> None:
     """Benchmark an op's candidates (or a suite) and write a report folder.
@@ -280,6 +285,10 @@ def run(
     ShardedAdamW with all-reduce + torch fused AdamW; it takes -w, --device, -o, --format and the
     dist-adamw options only."""
     out = Output(fmt)
+    with usage_errors(out):
+        from .ops.llama_step import model_workload_texts
+
+        workload = model_workload_texts(op, model, tokens, workload)
     launched = {"--nproc": nproc, "--steps": steps, "--bucket-mb": bucket_mb, "--gather-group": gather_group}
     options = RunOptions(
         op=op, config=config, candidates=candidate, workloads=workload, modes=mode, state=state,
@@ -618,8 +627,9 @@ def train_cmd(
                                                               "loss on each side [default: 0.01].")] = None,
     ref_seeds: Annotated[int | None, typer.Option("--ref-seeds", help="Data orders the reference is trained with; "
                                                                       "their spread is the band [default: 3].")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A kernelbench.models config (default: llama-7m on "
-                                                              "CUDA, llama-tiny on the CPU).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="A model of the grid (list --workloads) or hidden=..,"
+                                                              "layers=..,... (default: llama-7m on CUDA, llama-tiny "
+                                                              "on the CPU).")] = None,
     data: Annotated[str | None, typer.Option(
         "--data", help="The token stream: markov (learnt in a few dozen steps) or slow-chain (hundreds) "
                        "[default: markov].")] = None,

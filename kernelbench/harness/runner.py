@@ -243,7 +243,6 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                     per_call[name] = _error_message(exc)
 
     stats = {name: summarize([t for times, _ in rounds_of[name] for t in times], modes[name]) for name in cases}
-    anchor = stats.get(op.speed_anchor) if op.speed_anchor else None
     for name, case in cases.items():
         cand = op.get_candidate(name)
         summary.measured += 1
@@ -251,6 +250,11 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         verdict = check.verdict(name) if check is not None and name in checked else None
         throttling = [f"round {i + 1}: {', '.join(gpu.throttled_by)}"
                       for i, (_, gpu) in enumerate(rounds_of[name]) if gpu is not None and gpu.throttled]
+        anchor_name = op.anchor_for(name)
+        anchor = None
+        if anchor_name in stats and anchor_name != name:
+            anchor = _Anchor(anchor_name, stats[anchor_name],
+                             _round_ratios(rounds_of[name], rounds_of[anchor_name]))
         for row in _timing_rows(op, cand, workload, mode, stats[name], host_ms, anchor, ceilings, device,
                                 throttling, delays.get(name)):
             if verdict is not None and not verdict.passed and row.metric in _TIME_METRICS:
@@ -288,7 +292,32 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
     cases.clear()
 
 
-_TIME_METRICS = ("time_median_ms", "gbps", "pct_copy_bw", "tflops", "pct_matmul", "ratio_vs_anchor")
+_TIME_METRICS = ("time_median_ms", "gbps", "pct_copy_bw", "tflops", "pct_matmul", "ratio_vs_anchor",
+                 "ratio_round_min", "ratio_round_max")
+STRADDLES = "straddles-1.0"
+
+
+@dataclass(frozen=True)
+class _Anchor:
+    """The candidate a row's time is divided by, its stats, and the ratio of each round's medians."""
+
+    name: str
+    stats: Stats
+    round_ratios: tuple[float, ...]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _round_ratios(rounds: list[tuple[list[float], GpuState | None]],
+                  anchor_rounds: list[tuple[list[float], GpuState | None]]) -> tuple[float, ...]:
+    """Per interleaved round, this candidate's median over the anchor's: their spread says
+    whether the overall ratio is decided or moves around 1.0 with the machine's drift."""
+    return tuple(_median(times) / _median(ref) for (times, _), (ref, _) in zip(rounds, anchor_rounds)
+                 if times and ref and _median(ref) > 0)
 
 
 @dataclasses.dataclass
@@ -443,9 +472,13 @@ HOST_BOUND_SHARE = 0.7
 
 
 def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Stats, host_ms: float,
-                 anchor: Stats | None, ceilings: Ceilings | None, device: str,
+                 anchor: _Anchor | None, ceilings: Ceilings | None, device: str,
                  throttling: list[str] | None = None, test_delay_ms: float | None = None) -> list[Row]:
     flags = ["noisy"] if st.noisy else []
+    ratios = anchor.round_ratios if anchor is not None else ()
+    straddles = len(ratios) > 1 and min(ratios) < 1.0 < max(ratios)
+    if straddles:
+        flags.append(STRADDLES)
     host_bound = device == "cuda" and host_ms >= HOST_BOUND_SHARE * st.median
     if host_bound:
         flags.append("host-bound")
@@ -480,9 +513,17 @@ def _timing_rows(op: Op, cand: Candidate, workload: Workload, mode: str, st: Sta
                          "median host time to enqueue one call, from an empty launch queue" + (
                              f" (>= {HOST_BOUND_SHARE:.0%} of the device time: launch overhead may be in the figure)"
                              if host_bound else "")))
-    if anchor is not None and name != op.speed_anchor:
-        rows.append(_row(op, workload, mode, name, "ratio_vs_anchor", st.median / anchor.median, "x", OK,
-                         f"median / median of {op.speed_anchor} in the same run (below 1: faster)"))
+    if anchor is not None:
+        spread = (f"; per round {min(ratios):.3f}..{max(ratios):.3f} over {len(ratios)} rounds"
+                  + (": straddles 1.0, faster in some rounds and slower in others" if straddles else "")
+                  if ratios else "")
+        rows.append(_row(op, workload, mode, name, "ratio_vs_anchor", st.median / anchor.stats.median, "x", OK,
+                         f"median / median of {anchor.name} in the same run (below 1: faster){spread}",
+                         STRADDLES if straddles else ""))
+        if ratios:
+            for metric, value in (("ratio_round_min", min(ratios)), ("ratio_round_max", max(ratios))):
+                rows.append(_row(op, workload, mode, name, metric, value, "x", OK,
+                                 f"of the per-round ratios of medians to {anchor.name}"))
     seconds = st.median * 1e-3
     nflops = op.flops(workload, cand, mode)
     if nbytes is not None and seconds > 0:

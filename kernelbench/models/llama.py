@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .config import LlamaConfig
+from .grid import CONFIGS  # noqa: F401  (the grid's models, by name)
 
 LAYER_SETS = ("torch", "kernelbench", "liger")
 # slot -> layer set -> what that set puts there.
@@ -50,41 +52,6 @@ LAYER_SLOTS: dict[str, dict[str, str]] = {
 def layer_set_doc(name: str) -> str:
     """What the layer set ``name`` puts in each slot, in words."""
     return ", ".join(impls[name] for impls in LAYER_SLOTS.values())
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int = 32000
-    hidden: int = 2048
-    n_layers: int = 4
-    n_heads: int = 16
-    n_kv_heads: int = 8
-    intermediate: int = 8192
-    max_seq: int = 2048
-    rope_theta: float = 10000.0
-    eps: float = 1e-6
-    tie_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        if self.hidden % self.n_heads:
-            raise ValueError(f"LlamaConfig: hidden {self.hidden} is not divisible by n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"LlamaConfig: n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
-        if self.n_layers < 1:
-            raise ValueError(f"LlamaConfig: n_layers must be at least 1, got {self.n_layers}")
-        if (self.hidden // self.n_heads) % 2:
-            raise ValueError(f"LlamaConfig: head dimension {self.hidden // self.n_heads} must be even for rotary")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.n_heads
-
-    def n_params(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        per_layer = attn + mlp + 2 * self.hidden
-        heads = self.vocab_size * self.hidden * (1 if self.tie_embeddings else 2)
-        return self.n_layers * per_layer + heads + self.hidden
 
 
 def rotary_tables(config: LlamaConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,7 +246,8 @@ class Llama(nn.Module):
                 with torch.no_grad():
                     p.normal_(0.0, std, generator=gen)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (B, S, hidden): what the output head reads."""
         s = tokens.shape[1]
         if s > self.config.max_seq:
             raise ValueError(f"Llama: sequence length {s} exceeds max_seq {self.config.max_seq}")
@@ -291,20 +259,16 @@ class Llama(nn.Module):
             out, h = layer(normed, residual, cos, sin)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             normed, residual = self.layer_set.add_norm(nxt, out, h)
-        return self.lm_head(normed)
+        return normed
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(tokens))
+
+    def head_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean cross-entropy, logits) of the final hidden states: the one place the output head
+        and the loss meet, so that a fused linear + cross-entropy can replace the pair."""
+        logits = self.lm_head(hidden)
+        return self.layer_set.loss(logits, targets), logits
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.layer_set.loss(self.forward(tokens), targets)
-
-
-# Named configurations: a tiny one the CPU tests and CPU suites run (Triton in the interpreter), a
-# ~7M-parameter one small enough to train for hundreds of steps in a minute on one GPU, and four
-# layers of a 1B-class model for timing a training step.
-CONFIGS = {
-    "llama-tiny": LlamaConfig(vocab_size=128, hidden=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                              intermediate=128, max_seq=64),
-    "llama-7m": LlamaConfig(vocab_size=4096, hidden=256, n_layers=6, n_heads=8, n_kv_heads=4,
-                             intermediate=768, max_seq=512),
-    "llama-1b-layer4": LlamaConfig(vocab_size=32000, hidden=2048, n_layers=4, n_heads=16, n_kv_heads=8,
-                                   intermediate=8192, max_seq=2048),
-}
+        return self.head_loss(self.hidden_states(tokens), targets)[0]

@@ -362,6 +362,10 @@ class Op(abc.ABC):
         raise UsageError(f"--sweep: op '{self.name}' declares no dimensions to sweep; its workloads: "
                          f"{', '.join(self.workloads)}")
 
+    def anchor_for(self, candidate: str) -> str | None:
+        """The candidate ``candidate``'s time is divided by in reports (default: ``speed_anchor``)."""
+        return self.speed_anchor
+
     def workloads_for(self, tier: str) -> list[Workload]:
         return [w for w in self.workloads.values() if w.tier == tier]
 

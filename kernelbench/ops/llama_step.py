@@ -1,15 +1,21 @@
 """A training step of the Llama-style decoder (kernelbench.models.Llama) with each layer set.
 
+Workloads: the model grid (kernelbench.models.grid), each model at its batch x sequence; ``-w``
+also takes ``MODEL@BxS[:dtype]``, MODEL a grid name or a spec ``hidden=..,layers=..,...`` (the
+CLI's ``--model`` / ``--tokens`` write these).
 Modes: ``fwd+bwd`` (logits, cross-entropy, backward) and ``train`` (the same plus one optimizer
 step). Candidates differ in the layer set (RMSNorm, rotary, SwiGLU activation and loss: torch,
 kernelbench, liger; see kernelbench.models.llama), in whether
-the step is compiled (``torch.compile(fullgraph=True)``), and, for ``train``, in the optimizer.
+the step is compiled (``torch.compile(fullgraph=True)``, or ``mode="reduce-overhead"``: CUDA
+graphs), and, for ``train``, in the optimizer. Each candidate's speed anchor is the torch layers
+compiled the same way (eager, compile or CUDA graphs).
 Every candidate starts from the same seeded fp32 weights (cast to the workload's dtype) and sees
 the same tokens, so parity compares the logits and every parameter's gradient with the torch
 layers run in fp32 (fp64 on the CPU); in ``train`` mode each parity step restarts from those
 weights (the optimizer's update itself is checked by the optimizer ops' parity).
 
-Extra rows per candidate: ``tokens_per_s``; in ``train`` mode ``optimizer_ms`` (median time of
+Extra rows per candidate: ``tokens_per_s``; on CUDA ``peak_mem_bytes`` (the step's own weights,
+gradients, activations and optimizer state at its peak); in ``train`` mode ``optimizer_ms`` (median time of
 ``optimizer.step()`` inside the timed steps) and ``optimizer_share`` (of the whole step).
 FLOP model (fwd+bwd): 6 x matmul parameters x tokens + 6 x layers x seq x hidden x tokens for
 causal attention; the optimizer's work is not counted.
@@ -17,40 +23,98 @@ causal attention; the optimizer's work is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import Candidate, Op, Requires, Tolerance, Workload, torch_dtype
+from ..models.config import LlamaConfig
+from ..models.grid import GRID, SPEC_FORM, GridModel, fit_seq, is_model_spec, model_config, parse_tokens
+from .base import Candidate, Op, Requires, Tolerance, UsageError, Workload, torch_dtype
 from .model_step import compile_step, step_tokens, tokens_per_s_row
+from .shapes import CUSTOM_TIER
 
 if TYPE_CHECKING:
     import torch
 
 MODES = ("fwd+bwd", "train")
 LR = 1e-4
+COMPILE_MODES = ("eager", "compile", "cudagraphs")
+# Spelled as the CLI and reports name a workload written on the command line: MODEL@BxS[:dtype].
+_AT, _DTYPE_SEP = "@", ":"
+WORKLOAD_FORM = f"MODEL@BxS[:dtype]: MODEL a grid name or {SPEC_FORM}, e.g. llama-7m@2x512 (run's --model / --tokens)"
 
 
 @dataclass(frozen=True)
 class StepSpec:
-    """What a candidate's factory returns: the model's layers, whether the step is compiled,
-    and the optimizer of ``train`` mode."""
+    """What a candidate's factory returns: the model's layers, how the step is compiled (one of
+    ``COMPILE_MODES``) and the optimizer of ``train`` mode."""
 
     layers: str
-    compiled: bool = False
+    compile: str = "eager"
     optimizer: str = "torch-adamw"
     impl: str = "triton"
 
 
-def _workload(name: str, tier: str, config: str, batch: int, seq: int, dtype: str, seed: int = 0,
-              note: str = "") -> Workload:
-    return Workload(name, tier, {"config": config, "batch": batch, "seq": seq, "dtype": dtype}, seed=seed, note=note)
+def _spec(model: str, config: LlamaConfig, batch: int, seq: int, dtype: str) -> dict:
+    return {"model": model, "config": dataclasses.asdict(fit_seq(config, seq)), "batch": batch, "seq": seq,
+            "dtype": dtype}
 
 
-def _config(workload: Workload):
-    from kernelbench.models import CONFIGS
+def _grid_workload(row: GridModel) -> Workload:
+    dtype = "fp32" if row.tier == "cpu" else "bf16"
+    note = f"{row.like}: {row.config.n_layers} layers, {row.tokens} tokens" + (f"; {row.note}" if row.note else "")
+    return Workload(row.name, row.tier, _spec(row.name, row.config, row.batch, row.seq, dtype), seed=row.seed,
+                    note=note)
 
-    return CONFIGS[workload.spec["config"]]
+
+def parse_workload(text: str) -> Workload | None:
+    """The workload ``MODEL@BxS[:dtype]`` writes (None for text not written so); a one-line
+    UsageError when MODEL, the tokens or the dtype is wrong."""
+    model, at, rest = text.rpartition(_AT)
+    if not at:
+        if not is_model_spec(text):
+            return None
+        raise UsageError(f"-w {text}: a model written as a spec needs its tokens: {text}@BxS (e.g. @4x2048)")
+    tokens, _, dtype = rest.partition(_DTYPE_SEP)
+    dtype = dtype or "bf16"
+    if dtype not in _TOLERANCES:
+        raise UsageError(f"-w {text}: dtype {dtype!r}; accepted: {', '.join(_TOLERANCES)}")
+    try:
+        config = model_config(model)
+        batch, seq = parse_tokens(tokens)
+    except ValueError as exc:
+        raise UsageError(f"-w {text}: {exc}") from None
+    return Workload(text, CUSTOM_TIER, _spec(model, config, batch, seq, dtype))
+
+
+def model_workload_texts(op: str | None, model: str | None, tokens: str | None,
+                         workloads: list[str] | None) -> list[str] | None:
+    """The -w texts ``run --model M --tokens BxS`` means: ``M@BxS`` (M alone for a grid name
+    without --tokens) after any -w given; --tokens alone sets the tokens of every -w given."""
+    if model is None and tokens is None:
+        return workloads
+    if op != "llama-step":
+        raise UsageError("--model / --tokens: llama-step options only (kernelbench run llama-step --model NAME "
+                         "--tokens BxS)")
+    for flag, text, parse in (("--model", model, model_config), ("--tokens", tokens, parse_tokens)):
+        try:
+            if text is not None:
+                parse(text)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+    given = list(workloads or [])
+    if model is None:
+        if not given:
+            raise UsageError("--tokens needs --model or -w (the workloads whose tokens it sets)")
+        return [w if _AT in w else f"{w}{_AT}{tokens}" for w in given]
+    if tokens is None and is_model_spec(model):
+        raise UsageError("--model written as a spec needs --tokens BxS (a model outside the grid has no default)")
+    return given + [model if tokens is None else f"{model}{_AT}{tokens}"]
+
+
+def _config(workload: Workload) -> LlamaConfig:
+    return LlamaConfig(**workload.spec["config"])
 
 
 def _tokens(workload: Workload) -> int:
@@ -97,6 +161,16 @@ class LlamaStepOp(Op):
     def modes(self) -> tuple[str, ...]:
         return MODES
 
+    def custom_workload(self, text: str) -> Workload | None:
+        return parse_workload(text)
+
+    def workload_forms(self) -> str | None:
+        return WORKLOAD_FORM
+
+    def anchor_for(self, candidate: str) -> str | None:
+        """The torch layers compiled as ``candidate`` is: a layer set's gain, not the compiler's."""
+        return _ANCHORS[self.get_candidate(candidate).build().compile]
+
     def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> LlamaStepCase:
         return LlamaStepCase(candidate.build(), workload, device, mode)
 
@@ -113,6 +187,7 @@ class LlamaStepCase:
 
     def __init__(self, spec: StepSpec, workload: Workload, device: str, mode: str,
                  dtype: str | None = None) -> None:
+
         from kernelbench.models import Llama
 
         if mode not in MODES:
@@ -127,7 +202,13 @@ class LlamaStepCase:
         model = Llama(cfg, spec.layers, impl=spec.impl).to(device)
         model.reset_parameters(seed=workload.seed)
         self.model = model.to(torch_dtype(dtype or workload.spec["dtype"]))
-        self.step = compile_step(self._loss_and_logits, device) if spec.compiled else self._loss_and_logits
+        self.step = self._loss_and_logits
+        if spec.compile not in COMPILE_MODES:
+            raise ValueError(f"llama-step: compile {spec.compile!r}; accepted: {', '.join(COMPILE_MODES)}")
+        self._cudagraphs = spec.compile == "cudagraphs"
+        if spec.compile != "eager":
+            self.step = compile_step(self._loss_and_logits, device,
+                                     mode="reduce-overhead" if self._cudagraphs else None)
         self.optimizer = _build_optimizer(spec.optimizer, self.model, device) if mode == "train" else None
         # Parity steps restart from these weights, so logits and gradients stay comparable with
         # the reference's whatever the optimizer did (its state carries on).
@@ -138,8 +219,7 @@ class LlamaStepCase:
         self.set_step(0)
 
     def _loss_and_logits(self, tokens: torch.Tensor, targets: torch.Tensor):
-        logits = self.model(tokens)
-        return self.model.layer_set.loss(logits, targets), logits
+        return self.model.head_loss(self.model.hidden_states(tokens), targets)
 
     def set_step(self, step: int) -> None:
         import torch
@@ -158,6 +238,11 @@ class LlamaStepCase:
             p.grad = None
 
     def run(self) -> None:
+        if self._cudagraphs:
+            import torch
+
+            # Each call is a new training step: the graphs' outputs of the last one may be reused.
+            torch.compiler.cudagraph_mark_step_begin()
         loss, logits = self.step(self.inputs, self.targets)
         loss.backward()
         self.logits = logits
@@ -190,24 +275,49 @@ class LlamaStepCase:
     def state_bytes(self) -> None:
         return None
 
+    def _peak_memory(self) -> int:
+        import torch
+
+        resident = [*self.model.parameters(), *self.model.buffers()]
+        if self.optimizer is not None:
+            resident += [t for state in self.optimizer.state.values() for t in state.values()
+                         if isinstance(t, torch.Tensor)]
+        held = sum(t.numel() * t.element_size() for t in {id(t): t for t in resident}.values())
+        self.prepare()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        self.run()
+        torch.cuda.synchronize()
+        return held + torch.cuda.max_memory_allocated() - before
+
     def extra_rows(self, median_ms: float) -> list[tuple[str, float, str, str]]:
-        """(metric, value, unit, message) rows beside the timing: throughput, the optimizer's share."""
+        """(metric, value, unit, message) rows beside the timing: throughput, the optimizer's
+        share, peak memory (measured last: its extra step is not among the timed ones)."""
         rows = [tokens_per_s_row(_tokens(self.workload), median_ms)]
-        if self.optimizer is None:
-            return rows
+        if self.optimizer is not None:
+            rows += self._optimizer_rows(median_ms)
+        if self.device == "cuda":
+            rows.append(("peak_mem_bytes", self._peak_memory(), "B",
+                         "weights, optimizer state and the allocator's peak during one more step beyond what "
+                         "was allocated before it" + (" (CUDA graphs' pool held before the step is not seen)"
+                                                      if self._cudagraphs else "")))
+        return rows
+
+    def _optimizer_rows(self, median_ms: float) -> list[tuple[str, float, str, str]]:
         if self.device == "cuda":
             import torch
 
             torch.cuda.synchronize()
             self.optimizer_ms.extend(s.elapsed_time(e) for s, e in self._pending)
             self._pending = []
-        if self.optimizer_ms:
-            ordered = sorted(self.optimizer_ms)
-            opt_ms = ordered[len(ordered) // 2]
-            rows.append(("optimizer_ms", opt_ms, "ms", f"median of optimizer.step() over {len(ordered)} timed steps "
-                         f"({self.spec.optimizer})"))
-            rows.append(("optimizer_share", opt_ms / median_ms, "", "optimizer_ms / median step time"))
-        return rows
+        if not self.optimizer_ms:
+            return []
+        ordered = sorted(self.optimizer_ms)
+        opt_ms = ordered[len(ordered) // 2]
+        return [("optimizer_ms", opt_ms, "ms", f"median of optimizer.step() over {len(ordered)} timed steps "
+                 f"({self.spec.optimizer})"),
+                ("optimizer_share", opt_ms / median_ms, "", "optimizer_ms / median step time")]
 
 
 # Logits and gradients of a whole model against fp32 (GPU) / fp64 (CPU) torch layers: errors
@@ -221,16 +331,12 @@ _TOLERANCES = {
 llama_step = LlamaStepOp(
     "llama-step",
     doc="Llama-style decoder step (fwd+bwd, or train with an optimizer) with torch / kernelbench / liger layers",
-    workloads=[
-        _workload("llama-tiny", "cpu", "llama-tiny", 2, 16, "fp32", seed=1),
-        _workload("llama-7m", "gpu", "llama-7m", 8, 512, "bf16",
-                  note="small per-GPU batch: launch overhead counts"),
-        _workload("llama-1b-layer4", "gpu", "llama-1b-layer4", 4, 2048, "bf16"),
-    ],
+    workloads=[_grid_workload(row) for row in GRID],
     reference="torch-eager",
     tolerances=_TOLERANCES,
     speed_anchor="torch-compile",
 )
+_ANCHORS = {"eager": "torch-eager", "compile": "torch-compile", "cudagraphs": "torch-cudagraphs"}
 
 
 @llama_step.candidate("torch-eager", baseline=True)
@@ -242,7 +348,13 @@ def torch_eager():
 @llama_step.candidate("torch-compile", baseline=True)
 def torch_compile():
     """torch layers, the step under torch.compile(fullgraph=True)."""
-    return StepSpec("torch", compiled=True)
+    return StepSpec("torch", compile="compile")
+
+
+@llama_step.candidate("torch-cudagraphs", requires=Requires(cuda=True), baseline=True)
+def torch_cudagraphs():
+    """torch layers, the step under torch.compile(mode="reduce-overhead") (CUDA graphs)."""
+    return StepSpec("torch", compile="cudagraphs")
 
 
 @llama_step.candidate("kernelbench-eager", requires=Requires(triton=True))
@@ -254,7 +366,13 @@ def kernelbench_eager():
 @llama_step.candidate("kernelbench-compile", requires=Requires(triton=True))
 def kernelbench_compile():
     """kernelbench layers (custom ops), the step under torch.compile(fullgraph=True)."""
-    return StepSpec("kernelbench", compiled=True)
+    return StepSpec("kernelbench", compile="compile")
+
+
+@llama_step.candidate("kernelbench-cudagraphs", requires=Requires(cuda=True, triton=True))
+def kernelbench_cudagraphs():
+    """kernelbench layers (custom ops), the step under torch.compile(mode="reduce-overhead")."""
+    return StepSpec("kernelbench", compile="cudagraphs")
 
 
 @llama_step.candidate("liger", requires=Requires(cuda=True, packages=("liger_kernel",)), baseline=True)
@@ -265,7 +383,7 @@ def liger():
 
 def _with_optimizer(optimizer: str):
     def build():
-        return StepSpec("kernelbench", compiled=True, optimizer=optimizer)
+        return StepSpec("kernelbench", compile="compile", optimizer=optimizer)
 
     build.__doc__ = f"kernelbench layers compiled; train mode steps {optimizer}"
     return build

@@ -32,13 +32,16 @@ def _raise_recompile_limit() -> None:
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), _ANCHOR_RECOMPILE_LIMIT))
 
 
-def compile_step(step: Callable, device: str, fullgraph: bool = True) -> Callable:
-    """``torch.compile(step)``. Inductor needs a C++ / Triton toolchain; on the CPU the graph is
-    still captured (whole with ``fullgraph``) and run through AOT autograd."""
+def compile_step(step: Callable, device: str, fullgraph: bool = True, mode: str | None = None) -> Callable:
+    """``torch.compile(step)`` (``mode="reduce-overhead"``: under CUDA graphs). Inductor needs a
+    C++ / Triton toolchain; on the CPU the graph is still captured (whole with ``fullgraph``) and
+    run through AOT autograd."""
     import torch
 
     _raise_recompile_limit()
-    return torch.compile(step, fullgraph=fullgraph, backend="inductor" if device == "cuda" else "aot_eager")
+    options = {"mode": mode} if mode else {}
+    return torch.compile(step, fullgraph=fullgraph, backend="inductor" if device == "cuda" else "aot_eager",
+                         **options)
 
 
 def tokens_per_s_row(tokens: int, median_ms: float) -> tuple[str, float, str, str]:

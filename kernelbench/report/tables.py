@@ -17,6 +17,8 @@ BENCH_COLUMNS = {
     "tflops": "TFLOP/s",
     "pct_matmul": "% matmul",
     "peak_mem_delta_bytes": "peak MB",
+    "peak_mem_bytes": "step peak MB",
+    "tokens_per_s": "tok/s",
     "state_bytes": "state MB",
 }
 

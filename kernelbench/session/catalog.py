@@ -28,9 +28,10 @@ def list_device(requested: str) -> str:
 def candidate_rows(device: str) -> list[dict[str, Any]]:
     rows = []
     for op in load_all().values():
+        anchors = {op.anchor_for(name) for name in op.candidates} | {op.speed_anchor}
         for cand in op.candidates.values():
             role = ", ".join(r for r, on in (("reference", cand.name == op.reference),
-                                              ("anchor", cand.name == op.speed_anchor),
+                                              ("anchor", cand.name in anchors),
                                               ("baseline", cand.baseline)) if on)
             rows.append({"op": op.name, "candidate": cand.name,
                          "tags": ", ".join(f"{k}={v}" for k, v in cand.tags.items()),
@@ -40,7 +41,8 @@ def candidate_rows(device: str) -> list[dict[str, Any]]:
 
 
 def workload_rows() -> list[dict[str, Any]]:
-    return [{"op": op.name, "workload": w.name, "tier": w.tier, "modes": ", ".join(op.modes()), "seed": w.seed}
+    return [{"op": op.name, "workload": w.name, "tier": w.tier, "modes": ", ".join(op.modes()), "seed": w.seed,
+             "note": w.note}
             for op in load_all().values() for w in op.workloads.values()]
 
 

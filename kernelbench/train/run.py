@@ -20,7 +20,8 @@ import pandas as pd
 from ..harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row, RowSink
 from ..harness.runner import _error_message
 from ..models import CONFIGS, LlamaConfig
-from ..ops.base import UsageError, unknown_name_error
+from ..models.grid import model_config
+from ..ops.base import UsageError
 from . import fsdp
 from .band import Band, StepBand, Verdict, judge, make_band, step_band, tail_window
 from .data import DATA_SETS, ChainStats, SlowChainStats, make_stream
@@ -59,9 +60,10 @@ class TrainSettings:
         return cls(device=device, **base)
 
     def validate(self) -> LlamaConfig:
-        if self.model not in CONFIGS:
-            raise unknown_name_error("model", self.model, CONFIGS)
-        config = CONFIGS[self.model]
+        try:
+            config = model_config(self.model)
+        except ValueError as exc:
+            raise UsageError(f"--model: {exc}") from None
         for name in ("steps", "batch", "seq", "ref_seeds"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
