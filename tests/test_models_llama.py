@@ -45,6 +45,31 @@ def test_kernelbench_layers_match_torch_layers_fp64():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
+def test_fused_head_loss_matches_the_head_then_the_loss_fp64():
+    """kernelbench's linear + cross-entropy in place of lm_head and the loss (chunks of 8 rows, so
+    several chunks and a ragged last one): the same loss and gradients, and no logits."""
+    cfg = CONFIGS["llama-tiny"]
+    ref = Llama(cfg, "torch").double()
+    ref.reset_parameters(seed=2)
+    ours = Llama(cfg, "kernelbench", impl="triton", fused_head_loss=True).double()
+    ours.load_state_dict(ref.state_dict())
+    tokens = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    results = []
+    for model in (ref, ours):
+        loss, logits = model.head_loss(model.hidden_states(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        results.append((loss.item(), logits))
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-12) and results[1][1] is None
+    for (name, a), (_, b) in zip(ref.named_parameters(), ours.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("layers, overrides", [("torch", None), ("kernelbench", {"loss": lambda logits, t: 0})])
+def test_fused_head_loss_needs_kernelbench_loss(layers, overrides):
+    with pytest.raises(ValueError, match="fused_head_loss.*layers='kernelbench'"):
+        Llama(CONFIGS["llama-tiny"], layers, overrides=overrides, fused_head_loss=True)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(hidden=60, n_heads=8), "not divisible by n_heads"),
     (dict(n_heads=4, n_kv_heads=3), "not divisible by n_kv_heads"),

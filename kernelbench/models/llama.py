@@ -218,10 +218,16 @@ class Llama(nn.Module):
     """``forward(tokens)`` -> logits (B, S, vocab); ``loss(tokens, targets)`` -> mean cross-entropy."""
 
     def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str = "auto",
-                 overrides: Mapping[str, Callable] | None = None) -> None:
+                 overrides: Mapping[str, Callable] | None = None, fused_head_loss: bool = False) -> None:
         super().__init__()
+        if fused_head_loss and (layers != "kernelbench" or "loss" in (overrides or {})):
+            raise ValueError("fused_head_loss: kernelbench's fused linear + cross-entropy replaces the output head "
+                             "and kernelbench's loss; it needs layers='kernelbench' and no 'loss' override, got "
+                             f"layers={layers!r}")
         self.config = config
         self.layer_set = LayerSet(layers, impl, overrides)
+        # The output head and the loss as one op, chunk by chunk, never holding the logits.
+        self.fused_head_loss = fused_head_loss
         self.model = _Body(config, self.layer_set)
         self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -264,9 +270,13 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.hidden_states(tokens))
 
-    def head_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def head_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(mean cross-entropy, logits) of the final hidden states: the one place the output head
-        and the loss meet, so that a fused linear + cross-entropy can replace the pair."""
+        and the loss meet. With ``fused_head_loss`` the logits are never materialised (None)."""
+        if self.fused_head_loss:
+            from kernelbench.nn import linear_cross_entropy
+
+            return linear_cross_entropy(hidden, self.lm_head.weight, targets), None
         logits = self.lm_head(hidden)
         return self.layer_set.loss(logits, targets), logits
 

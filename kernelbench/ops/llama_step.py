@@ -54,6 +54,7 @@ class StepSpec:
     compile: str = "eager"
     optimizer: str = "torch-adamw"
     impl: str = "triton"
+    fused_head_loss: bool = False  # lm_head + loss as kernelbench.nn.linear_cross_entropy
 
 
 def _spec(model: str, config: LlamaConfig, batch: int, seq: int, dtype: str) -> dict:
@@ -199,7 +200,7 @@ class LlamaStepCase:
             raise ValueError(f"llama-step: workload seq {seq} exceeds the config's max_seq {cfg.max_seq}")
         # Weights drawn in fp32 from the workload's seed, then cast: every candidate and the
         # reference start from the same values.
-        model = Llama(cfg, spec.layers, impl=spec.impl).to(device)
+        model = Llama(cfg, spec.layers, impl=spec.impl, fused_head_loss=spec.fused_head_loss).to(device)
         model.reset_parameters(seed=workload.seed)
         self.model = model.to(torch_dtype(dtype or workload.spec["dtype"]))
         self.step = self._loss_and_logits
@@ -215,6 +216,7 @@ class LlamaStepCase:
         self._initial = [p.detach().clone() for p in self.model.parameters()] if self.optimizer else None
         self.optimizer_ms: list[float] = []
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # read after the timed steps
+        self.loss: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
         self.set_step(0)
 
@@ -233,7 +235,7 @@ class LlamaStepCase:
                     p.copy_(p0)
 
     def prepare(self) -> None:
-        self.logits = None
+        self.loss = self.logits = None
         for p in self.model.parameters():
             p.grad = None
 
@@ -245,7 +247,7 @@ class LlamaStepCase:
             torch.compiler.cudagraph_mark_step_begin()
         loss, logits = self.step(self.inputs, self.targets)
         loss.backward()
-        self.logits = logits
+        self.loss, self.logits = loss, logits
         if self.optimizer is not None:
             self._timed_optimizer_step()
 
@@ -264,9 +266,12 @@ class LlamaStepCase:
             self.optimizer_ms.append((time.perf_counter() - t0) * 1e3)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        if self.logits is None:
+        if self.loss is None:
             raise RuntimeError("tensors() before run()")
-        result = {"logits": self.logits.detach()}
+        # The loss at the model's dtype, held to that dtype's tolerance; a fused head keeps no logits.
+        result = {"loss": self.loss.detach().to(self.model.lm_head.weight.dtype)}
+        if self.logits is not None:
+            result["logits"] = self.logits.detach()
         for name, p in self.model.named_parameters():
             if p.grad is not None:
                 result[f"grad.{name}"] = p.grad
@@ -373,6 +378,18 @@ def kernelbench_compile():
 def kernelbench_cudagraphs():
     """kernelbench layers (custom ops), the step under torch.compile(mode="reduce-overhead")."""
     return StepSpec("kernelbench", compile="cudagraphs")
+
+
+@llama_step.candidate("kernelbench-eager+fused-loss", requires=Requires(triton=True))
+def kernelbench_eager_fused_loss():
+    """kernelbench layers eager; the output head and loss as one chunked linear + cross-entropy."""
+    return StepSpec("kernelbench", fused_head_loss=True)
+
+
+@llama_step.candidate("kernelbench-compile+fused-loss", requires=Requires(triton=True))
+def kernelbench_compile_fused_loss():
+    """kernelbench layers compiled; the output head and loss as one chunked linear + cross-entropy."""
+    return StepSpec("kernelbench", compile="compile", fused_head_loss=True)
 
 
 @llama_step.candidate("liger", requires=Requires(cuda=True, packages=("liger_kernel",)), baseline=True)

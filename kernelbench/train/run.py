@@ -21,7 +21,7 @@ from ..harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row, Ro
 from ..harness.runner import _error_message
 from ..models import CONFIGS, LlamaConfig
 from ..models.grid import model_config
-from ..ops.base import UsageError
+from ..ops.base import UsageError, unknown_name_error
 from . import fsdp
 from .band import Band, StepBand, Verdict, judge, make_band, step_band, tail_window
 from .data import DATA_SETS, ChainStats, SlowChainStats, make_stream
