@@ -8,7 +8,7 @@ import pytest
 from kernelbench.harness.runner import PlanItem, run_benchmarks
 from kernelbench.harness.timing import TimingConfig
 from kernelbench.ops import base, get_op
-from kernelbench.ops.hf_step import HF_CONFIGS, PARITY_MAX_TOKENS
+from kernelbench.ops.hf_step import PARITY_MAX_TOKENS, hf_config
 
 
 class Rows:
@@ -34,11 +34,11 @@ def test_step_reports_throughput():
 def test_flop_model_counts_matmuls_tied_head_and_causal_attention():
     op = get_op("hf-step")
     workload = op.workload("hf-qwen2.5-0.5b-layer4")
-    _, cfg = HF_CONFIGS["qwen2.5-0.5b-layer4"]
+    family, cfg = hf_config("qwen2.5-0.5b-layer4")
     d, hd, layers, tokens, seq = 896, 64, 4, 4 * 2048, 2048
     per_layer = d * hd * (2 * 14 + 2 * 2) + 3 * d * 4864
     want = 6 * (layers * per_layer + 151936 * d) * tokens + 6 * layers * seq * d * tokens
-    assert cfg["hidden_size"] == d and cfg["intermediate_size"] == 4864
+    assert family == "Qwen2" and cfg["hidden_size"] == d and cfg["intermediate_size"] == 4864
     assert op.flops(workload, op.get_candidate("hf-eager"), "fwd+bwd") == want
 
 

@@ -24,23 +24,21 @@ from .model_step import compile_step, step_tokens, tokens_per_s_row
 if TYPE_CHECKING:
     import torch
 
-# Model shapes of public checkpoints (config values only), cut to four layers.
-HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "tiny": ("Llama", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                           vocab_size=128, num_hidden_layers=2, max_position_embeddings=64)),
-    "smollm-135m-layer4": ("Llama", dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-                                         intermediate_size=1536, vocab_size=49152, num_hidden_layers=4,
-                                         max_position_embeddings=2048, rms_norm_eps=1e-5,
-                                         tie_word_embeddings=True)),
-    "qwen2.5-0.5b-layer4": ("Qwen2", dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
-                                          intermediate_size=4864, vocab_size=151936, num_hidden_layers=4,
-                                          max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-                                          tie_word_embeddings=True)),
-    "llama-3.2-1b-layer4": ("Llama", dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
-                                          intermediate_size=8192, vocab_size=128256, num_hidden_layers=4,
-                                          max_position_embeddings=131072, rope_theta=5e5, rms_norm_eps=1e-5,
-                                          tie_word_embeddings=True, head_dim=64)),
-}
+
+def hf_config(grid_name: str) -> tuple[str, dict[str, Any]]:
+    """(transformers family, config kwargs) of the model grid's ``grid_name``: the same shapes as
+    llama-step's model, as the family's own config (Qwen2 brings its q / k / v biases)."""
+    from ..models.grid import BY_NAME
+
+    row = BY_NAME[grid_name]
+    cfg = row.config
+    family = "Qwen2" if row.like.startswith("Qwen") else "Llama"
+    return family, dict(hidden_size=cfg.hidden, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                        intermediate_size=cfg.intermediate, vocab_size=cfg.vocab_size, num_hidden_layers=cfg.n_layers,
+                        max_position_embeddings=cfg.max_seq, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.eps,
+                        tie_word_embeddings=cfg.tie_embeddings)
+
+
 PATCHES = ("none", "kernelbench", "liger")
 # Parity runs at most this many tokens per step (see the module docstring).
 PARITY_MAX_TOKENS = 2048
@@ -53,12 +51,12 @@ class HFStepSpec:
 
 
 def hf_model(config_name: str, seed: int, device: str, dtype: str) -> torch.nn.Module:
-    """The transformers model of ``HF_CONFIGS[config_name]``, initialised from ``seed`` in fp32 on
+    """The transformers model of ``hf_config(config_name)``, initialised from ``seed`` in fp32 on
     ``device``, then cast to ``dtype``."""
     import torch
     import transformers
 
-    family, kwargs = HF_CONFIGS[config_name]
+    family, kwargs = hf_config(config_name)
     config = getattr(transformers, f"{family}Config")(**kwargs)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -90,7 +88,7 @@ def _tokens(workload: Workload) -> int:
 
 
 def _flops(workload: Workload) -> int:
-    _, cfg = HF_CONFIGS[workload.spec["config"]]
+    _, cfg = hf_config(workload.spec["config"])
     d, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
     head_dim = cfg.get("head_dim", d // cfg["num_attention_heads"])
     attn = d * head_dim * (2 * cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"])
@@ -187,7 +185,7 @@ hf_step = HFStepOp(
     "hf-step",
     doc="Hugging Face Llama / Qwen2 step (fwd+bwd) from configs: unpatched, kernelbench-patched, liger-patched",
     workloads=[
-        _workload("hf-tiny", "cpu", "tiny", 2, 16, "fp32", seed=1),
+        _workload("hf-tiny", "cpu", "llama-tiny", 2, 16, "fp32", seed=1),
         _workload("hf-smollm-135m-layer4", "gpu", "smollm-135m-layer4", 8, 2048, "bf16"),
         _workload("hf-qwen2.5-0.5b-layer4", "gpu", "qwen2.5-0.5b-layer4", 4, 2048, "bf16"),
         _workload("hf-llama-3.2-1b-layer4", "gpu", "llama-3.2-1b-layer4", 4, 2048, "bf16"),

@@ -31,7 +31,7 @@ def test_liger_patch_leaves_other_instances_alone():
     from kernelbench.ops.hf_step import _liger_patch, hf_model
 
     rotary, norm_forward = modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm.forward
-    patched, other = hf_model("tiny", 0, "cuda", "bf16"), hf_model("tiny", 0, "cuda", "bf16")
+    patched, other = hf_model("llama-tiny", 0, "cuda", "bf16"), hf_model("llama-tiny", 0, "cuda", "bf16")
     _liger_patch(patched)
     assert modeling_llama.apply_rotary_pos_emb is rotary
     assert modeling_llama.LlamaRMSNorm.forward is norm_forward
