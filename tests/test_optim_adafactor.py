@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelbench.optim.adafactor import COL_BLOCK, FLAT_BLOCK, ROW_BLOCK, Adafactor8bit, dequantize_state
-from kernelbench.optim.adafactor_ref import AdafactorRef
+from kernelbench.optim.adafactor.reference import AdafactorRef
 
 # (64, 48): factored, one row block; (130, 70): three row blocks, C not a multiple of 16;
 # (3, 5, 7): a batch of matrices; (50,), (1,): full second moment.
@@ -255,7 +255,7 @@ def test_kernels_read_only_constexpr_globals():
 
     import triton.language as tl
 
-    from kernelbench.optim import adafactor_kernels as module
+    from kernelbench.optim.adafactor import kernels as module
 
     jitted = {name: obj for name, obj in vars(module).items() if hasattr(obj, "fn") and callable(obj.fn)}
     assert "_factored_stats_kernel" in jitted and "_seed" in jitted
@@ -274,7 +274,7 @@ def test_launch_config_changes_speed_not_results():
     """A non-default launch (more programs for 1-dim tensors, other reduction blocks) covers the
     same elements: fp32 state agrees with the default launch to rounding, the state layout is the
     same, and anything but a LaunchConfig is refused."""
-    from kernelbench.optim.adafactor_kernels import FactoredConfig, FinishConfig, FullConfig, LaunchConfig
+    from kernelbench.optim.adafactor.host import FactoredConfig, FinishConfig, FullConfig, LaunchConfig
 
     small = LaunchConfig(factored=FactoredConfig(part_rows=2, reduce_block=2),
                          full=FullConfig(blocks_per_program=1), finish=FinishConfig(reduce_block=2))

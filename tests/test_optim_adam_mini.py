@@ -21,7 +21,8 @@ from kernelbench.optim.adam_mini import (
     partition_param,
     round_to_e4m3_ref,
 )
-from kernelbench.optim.adam_mini_kernels import FP8_SCALE_BLOCK, _round_to_e4m3
+from kernelbench.optim.adam_mini.host import FP8_SCALE_BLOCK
+from kernelbench.optim.adam_mini.kernels import _round_to_e4m3
 
 HP = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, dim=64, n_heads=4, n_kv_heads=2)
 LLAMA = llama_shapes(vocab=96, d=64, layers=1, heads=4, kv_heads=2, hidden=160)
@@ -261,7 +262,7 @@ def test_kernels_read_only_constexpr_globals():
     import dis
     import types
 
-    from kernelbench.optim import adam_mini_kernels as module
+    from kernelbench.optim.adam_mini import kernels as module
 
     jitted = {name: obj for name, obj in vars(module).items() if hasattr(obj, "fn") and callable(obj.fn)}
     assert "_adam_mini_rows_kernel" in jitted and "_tensor_entry" in jitted

@@ -78,9 +78,9 @@ def test_matches_torch_adamw(kw):
 def test_step_counters_advance_either_way(monkeypatch, fused_limit):
     """A single small launch advances the step counters itself (ticket); otherwise a separate
     increment launch does: both give torch's result and counters."""
-    from kernelbench.optim import adamw as adamw_mod
+    from kernelbench.optim.adamw import host as adamw_host
 
-    monkeypatch.setattr(adamw_mod, "FUSED_INCREMENT_MAX_PROGRAMS", fused_limit)
+    monkeypatch.setattr(adamw_host, "FUSED_INCREMENT_MAX_PROGRAMS", fused_limit)
     init = make_params(3)
     a = [torch.nn.Parameter(t.clone()) for t in init]
     b = [torch.nn.Parameter(t.clone()) for t in init]

@@ -36,7 +36,7 @@ def test_triton_adamw_under_fsdp_is_bitwise_the_single_device_step(world):
 
 def adam_mini(named, state_dtype="fp32", config=CONFIG, tile=4096):
     from kernelbench.optim import AdamMini
-    from kernelbench.optim.adam_mini_kernels import LaunchConfig
+    from kernelbench.optim.adam_mini import LaunchConfig
 
     return AdamMini(named, lr=1e-2, weight_decay=0.1, dim=config.hidden, n_heads=config.n_heads,
                     n_kv_heads=config.n_kv_heads, verbose=False, state_dtype=state_dtype, min_8bit_size=0,

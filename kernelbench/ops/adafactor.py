@@ -1,14 +1,14 @@
 """Adafactor step on fp32 params: kernelbench's Triton Adafactor8bit (8-bit and fp32 state), the
 pure-PyTorch fp32 reference, and the adafactor8bit 0.4.6 package (its CUDA kernels) as the anchor.
 
-The algorithm is kernelbench/optim/adafactor_ref.py's (relative step, parameter scale, beta2_t =
+The algorithm is kernelbench/optim/adafactor/reference.py's (relative step, parameter scale, beta2_t =
 1 - t^-0.8, factored second moment for >= 2-dim params, update clipping at RMS 1, decoupled
 weight decay, no first moment). adafactor8bit differs in details (its momentum and weight-decay
 conventions; its state codes), so it is timed beside ours and not compared for parity.
 
 Bytes model: 12 bytes per parameter, what any Adafactor step must move (read p and g, write p;
 the factored statistics are O(rows + cols)). Our kernels move 24 (g is read three times and p
-twice, see kernelbench/optim/adafactor.py), so their GB/s figure reads as half of their traffic.
+twice, see kernelbench/optim/adafactor/kernels.py), so their GB/s figure reads as half of their traffic.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _EIGHT_BIT_TOLERANCE = {
 @adafactor.candidate("torch-ref", baseline=True, tags={"state": "fp32"})
 def torch_ref(named_params, **hp):
     """AdafactorRef: the pure-PyTorch fp32 reference, one kernel sequence per tensor."""
-    from kernelbench.optim.adafactor_ref import AdafactorRef
+    from kernelbench.optim.adafactor.reference import AdafactorRef
 
     return AdafactorRef([p for _, p in named_params], **hp)
 

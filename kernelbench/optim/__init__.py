@@ -13,11 +13,11 @@ from typing import Any
 
 # exported name: (module, name there)
 _EXPORTS = {
-    "TritonAdamW": ("kernelbench.optim.adamw", "TritonAdamW"),
-    "AdamMini": ("kernelbench.optim.adam_mini", "AdamMini"),
-    "AdamMiniLaunchConfig": ("kernelbench.optim.adam_mini_kernels", "LaunchConfig"),
-    "AdamMiniReference": ("kernelbench.optim.adam_mini_ref", "AdamMiniReference"),
-    "Adafactor8bit": ("kernelbench.optim.adafactor", "Adafactor8bit"),
+    "TritonAdamW": ("kernelbench.optim.adamw.optimizer", "TritonAdamW"),
+    "AdamMini": ("kernelbench.optim.adam_mini.optimizer", "AdamMini"),
+    "AdamMiniLaunchConfig": ("kernelbench.optim.adam_mini.host", "LaunchConfig"),
+    "AdamMiniReference": ("kernelbench.optim.adam_mini.reference", "AdamMiniReference"),
+    "Adafactor8bit": ("kernelbench.optim.adafactor.optimizer", "Adafactor8bit"),
     "Muon": ("kernelbench.optim.muon", "Muon"),
     "ShardedAdamW": ("kernelbench.optim.sharded_adamw", "ShardedAdamW"),
 }

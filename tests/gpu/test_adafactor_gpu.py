@@ -9,7 +9,7 @@ import torch
 
 from kernelbench.ops.optim_workloads import model_370m_shapes
 from kernelbench.optim.adafactor import Adafactor8bit
-from kernelbench.optim.adafactor_ref import AdafactorRef
+from kernelbench.optim.adafactor.reference import AdafactorRef
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Adam-mini in pure PyTorch, fp32: the reference the Triton optimizer (``adam_mini``) is checked against.
+"""Adam-mini in pure PyTorch, fp32: the reference the Triton optimizer (``AdamMini``) is checked against.
 
 ``adam_mini_block_ref`` steps the blocks of one segment, with the state rounding the kernels
 apply under bf16 / fp8 state; ``AdamMiniReference`` steps whole parameters over the same
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .adam_mini_partition import (
+from .partition import (
     PRESETS,
     Segment,
     decay_of,

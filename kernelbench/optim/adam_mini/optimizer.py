@@ -12,7 +12,7 @@ partition below) with |B| elements and step t:
 
 A block of one element is Adam (used for biases, state key ``v`` as in the official code).
 
-Partition (``adam_mini_partition``): the official adam-mini 1.1.1's by default, for every name,
+Partition (``partition.py``): the official adam-mini 1.1.1's by default, for every name,
 from the name sets the optimizer exposes as attributes (``optimizer.wqk_names.add("c_attn")``),
 read at the first step: ``adam_block_names`` (bias) -> Adam; ``wqk_names`` -> one block per head
 of ``dim * dim / n_heads`` elements; ``embd_names``, ``output_names``, ``wv_names``,
@@ -26,7 +26,7 @@ code). A parameter under several names (tied embeddings) has one state. ``partit
 lists every decision. A parameter is one or more *segments* (a fused q/k/v weight: q heads, k
 heads, v rows), each a launch-table row of its own.
 
-Kernels, launch plans and the fp8 format: ``adam_mini_kernels``. Here: param groups, the
+Kernels and the fp8 format: ``kernels.py``; launch plans: ``host.py``. Here: param groups, the
 partition, state, the launch plans' cache, the PyTorch path, reports and checkpoints.
 
 State dtypes: ``fp32``, ``bf16`` or ``fp8`` m (vmean always fp32). Under ``fp8``, Adam blocks
@@ -49,7 +49,7 @@ parameter. Heads and whole-tensor blocks may be cut by a shard boundary: each ra
 its piece of every such block, the sums (and for fp8 the maxima of |m| per scale block) are
 all-reduced over the ranks holding the parameter in one collective per step, overlapped with the
 row launches, and every rank then updates its pieces with the block's statistics
-(``adam_mini_kernels.ShardedPlan``). Their vmean and fp8 scales are replicated, in the single-GPU
+(``host.ShardedPlan``). Their vmean and fp8 scales are replicated, in the single-GPU
 layout; m is sharded like the parameter (so q / k m takes the parameter's shape, not the official
 (n_heads, head_numel)). Strided (Conv1D) partitions are not supported under FSDP2.
 """
@@ -64,8 +64,8 @@ from typing import Any
 
 import torch
 
-from ._sharding import check_kernel_tensor, check_like_param, is_dtensor, like_param, local_tensor, row_shard
-from ._triton_utils import (
+from .._sharding import check_kernel_tensor, check_like_param, is_dtensor, like_param, local_tensor, row_shard
+from .._triton_utils import (
     SUPPORTED_DTYPES,
     check_device_supported,
     check_param_and_grad,
@@ -73,7 +73,8 @@ from ._triton_utils import (
     one_device,
     refuse_rebuild_while_capturing,
 )
-from .adam_mini_kernels import (
+from ..adamw.host import StepIncrementer
+from .host import (
     DEFAULT_LAUNCH,
     FP8_SCALE_BLOCK,
     M_KINDS,
@@ -85,7 +86,7 @@ from .adam_mini_kernels import (
     launch,
     scale_blocks,
 )
-from .adam_mini_partition import (
+from .partition import (
     FALLBACKS,
     OFFICIAL_NAME_SETS,
     PRESETS,
@@ -99,16 +100,11 @@ from .adam_mini_partition import (
     region,
     state_shapes,
 )
-from .adam_mini_ref import AdamMiniReference, adam_mini_block_ref, round_to_e4m3_ref
-from .adamw import StepIncrementer
-
-__all__ = ["AdamMini", "AdamMiniReference", "LaunchConfig", "Rule", "STATE_DTYPES", "adam_mini_block_ref",
-           "partition_param", "round_to_e4m3_ref"]
 
 STATE_DTYPES = ("fp32", "bf16", "fp8")
 
 _WHO = "AdamMini"
-_LOG = logging.getLogger(__name__)
+_LOG = logging.getLogger(__package__)  # "kernelbench.optim.adam_mini", the logger the class docstring names
 
 
 class _NameSet(set):
@@ -177,7 +173,7 @@ class AdamMini(torch.optim.Optimizer):
     and ``m`` (fp32 / bf16; the official shapes: (n_heads, head_numel) for q/k) or, for fp8,
     ``m_fp8`` plus ``m_scale`` (one fp32 per scale block).
 
-    ``launch_config`` (``kernelbench.optim.adam_mini_kernels.LaunchConfig``): how the kernels are
+    ``launch_config`` (``kernelbench.optim.adam_mini.LaunchConfig``): how the kernels are
     launched; tuning only for fp32 / bf16 state (the reductions' order may change the last bits).
     """
 
@@ -203,7 +199,7 @@ class AdamMini(torch.optim.Optimizer):
     ) -> None:
         if not isinstance(launch_config, LaunchConfig):
             raise TypeError(f"{_WHO}: launch_config={launch_config!r}; accepted: a "
-                            "kernelbench.optim.adam_mini_kernels.LaunchConfig.")
+                            "kernelbench.optim.adam_mini.LaunchConfig.")
         if isinstance(lr, torch.Tensor):
             raise TypeError(f"{_WHO}: lr must be a Python float, got a Tensor.")
         if not 0.0 <= lr:

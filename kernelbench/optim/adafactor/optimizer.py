@@ -1,8 +1,8 @@
 """Adafactor with 8-bit state: the ``torch.optim.Optimizer`` face of the Triton kernels.
 
-Math, state layout, quantisation errors and the kernels are described in
-``kernelbench.optim.adafactor_kernels``; ``kernelbench.optim.adafactor_ref.AdafactorRef`` is the
-pure-PyTorch fp32 reference. Here: param groups, hyperparameter checks, state initialisation, the
+Math, state layout, quantisation errors and the kernels are described in ``kernels.py``; launch
+plans and launches are ``host.py``'s; ``reference.AdafactorRef`` is the pure-PyTorch fp32
+reference. Here: param groups, hyperparameter checks, state initialisation, the
 per-group launch plan's cache, and checkpoints.
 
 Sharded parameters (FSDP2). DTensor parameters of ``fully_shard`` (1-D and 2-D, sharded on dim 0)
@@ -35,15 +35,15 @@ from typing import Any
 
 import torch
 
-from ._sharding import check_kernel_tensor, check_like_param, is_dtensor, like_param, local_tensor, row_shard
-from ._triton_utils import (
+from .._sharding import check_kernel_tensor, check_like_param, is_dtensor, like_param, local_tensor, row_shard
+from .._triton_utils import (
     check_device_supported,
     check_param_and_grad,
     on_device,
     param_label,
     refuse_rebuild_while_capturing,
 )
-from .adafactor_kernels import (
+from .host import (
     COL_BLOCK,
     DEFAULT_LAUNCH,
     FLAT_BLOCK,
@@ -53,17 +53,14 @@ from .adafactor_kernels import (
     ShardInfo,
     _cdiv,
     build_plan,
-    dequantize_state,
     launch_step,
 )
 
 _WHO = "Adafactor8bit"
 
-__all__ = ["Adafactor8bit", "LaunchConfig", "dequantize_state", "ROW_BLOCK", "COL_BLOCK", "FLAT_BLOCK"]
-
 
 class Adafactor8bit(torch.optim.Optimizer):
-    """Adafactor with 8-bit block-wise state (math, layout and errors: ``adafactor_kernels``).
+    """Adafactor with 8-bit block-wise state (math, layout and errors: ``kernels.py``).
 
     DTensor parameters of ``fully_shard`` (FSDP2; 1-D and 2-D, sharded on dim 0) step their local
     rows and reduce the global statistics across the ranks; the state is then laid out for
@@ -104,7 +101,7 @@ class Adafactor8bit(torch.optim.Optimizer):
     ) -> None:
         if not isinstance(launch_config, LaunchConfig):
             raise TypeError(f"{_WHO}: launch_config={launch_config!r}; accepted: a "
-                            "kernelbench.optim.adafactor_kernels.LaunchConfig.")
+                            "kernelbench.optim.adafactor.LaunchConfig.")
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, decay_rate=decay_rate, eps=eps,
                         clip_threshold=clip_threshold, weight_decay=weight_decay,
                         relative_step=relative_step, scale_parameter=scale_parameter,
