@@ -59,7 +59,8 @@ class TritonAdamW(torch.optim.Optimizer):
     ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)`` before it would, with the
     norm computed on the device (one extra read of the gradients, no host sync; global over the mesh
     under FSDP2) and the scale folded into the update; ``p.grad`` is left unscaled. After each step
-    ``last_grad_norm`` is the pre-clip norm (0-d fp32 on the device). See ``kernelbench.optim.grad_norm``.
+    ``last_grad_norm`` is the pre-clip norm (0-d fp32 on the device; one buffer, rewritten by every
+    step: clone it to keep it). See ``kernelbench.optim.grad_norm``.
     """
 
     def __init__(
