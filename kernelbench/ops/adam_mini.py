@@ -9,7 +9,10 @@ defaults. Op ``adam-mini-preset``: AdamMini under the presets the official packa
 (``gpt2``, ``fused-qkv``), against ``AdamMiniReference``, pure PyTorch over the same partition.
 
 Bytes model per parameter: read p, g, m and write p, m; m is 4 / 2 / 1 bytes by state dtype:
-20 / 16 / 14 bytes (the per-block second moment is negligible). AdamW moves 28.
+20 / 16 / 14 bytes (the per-block second moment is negligible). AdamW moves 28. Mode
+``clipped-step`` of ``adam-mini`` (clip to a total norm of 1.0, then step) adds the norm's read of
+g (4 bytes); AdamMini clips inside its step (``max_grad_norm``), the others after
+``clip_grad_norm_(foreach=True)``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ adam_mini = OptimizerOp(
     hyperparams={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1},
     bytes_per_param=lambda c: 28 if c.tags.get("algo") == "adamw" else _BYTES_PER_PARAM[c.tags.get("state", "fp32")],
     tag_values={"state": STATE_DTYPES, "algo": ("adam-mini", "adamw")},
+    clip_max_norm=1.0,
 )
 
 
@@ -66,12 +70,13 @@ def torch_adamw_fused(named_params, *, lr, betas, eps, weight_decay, **_model_sh
 
 
 def _triton_adam_mini(state_dtype):
-    def build(named_params, *, lr, betas, eps, weight_decay, dim, n_heads, n_kv_heads, preset=None):
+    def build(named_params, *, lr, betas, eps, weight_decay, dim, n_heads, n_kv_heads, preset=None,
+              max_grad_norm=None):
         from kernelbench.optim.adam_mini import AdamMini
 
         return AdamMini(named_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, dim=dim,
                         n_heads=n_heads, n_kv_heads=n_kv_heads, state_dtype=state_dtype, preset=preset,
-                        verbose=False)
+                        verbose=False, max_grad_norm=max_grad_norm)
 
     build.__doc__ = f"kernelbench AdamMini, fused Triton kernels, first moment in {state_dtype}."
     return build

@@ -1,6 +1,9 @@
 """AdamW step on fp32 parameters: torch's three implementations, and kernelbench's Triton one.
 
-Bytes model: read p, g, m, v and write p, m, v, 4 bytes each: 28 bytes per parameter.
+Bytes model: read p, g, m, v and write p, m, v, 4 bytes each: 28 bytes per parameter; mode
+``clipped-step`` (clip to a total norm of 1.0, then step) adds the norm's read of g: 32. Its anchor
+is ``clip_grad_norm_(foreach=True)`` + AdamW(fused=True) (torch-fused); TritonAdamW clips inside
+its step (``max_grad_norm``), the torch candidates through ``clip_grad_norm_`` first.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ adamw = OptimizerOp(
     reference="torch-forloop",
     hyperparams={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
     bytes_per_param=lambda candidate: 28,
+    clip_max_norm=1.0,
 )
 
 
@@ -52,8 +56,8 @@ def torch_fused_capturable(named_params, **hp):
 
 
 @adamw.candidate("triton", requires=Requires(triton=True))
-def triton_adamw(named_params, **hp):
+def triton_adamw(named_params, *, max_grad_norm=None, **hp):
     """kernelbench TritonAdamW: one Triton launch per param group, torch forloop's rounding."""
     from kernelbench.optim.adamw import TritonAdamW
 
-    return TritonAdamW([p for _, p in named_params], **hp)
+    return TritonAdamW([p for _, p in named_params], max_grad_norm=max_grad_norm, **hp)

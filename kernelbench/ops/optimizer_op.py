@@ -9,6 +9,11 @@ optimizer:
     def torch_fused(named_params, *, lr, betas, eps, weight_decay):
         return torch.optim.AdamW([p for _, p in named_params], lr=lr, ..., fused=True)
 
+Mode ``clipped-step`` (ops declared with ``clip_max_norm``): every candidate clips the gradients to
+that total norm and steps. A factory with a ``max_grad_norm`` parameter gets it and clips inside its
+step; any other is preceded by ``torch.nn.utils.clip_grad_norm_(params, clip_max_norm, foreach=True)``
+(which scales ``p.grad`` in place), the way a training loop clips for torch's optimizers.
+
 Parameters are drawn from the workload's seed; gradient ``step`` from (seed, step), so every
 candidate and the reference see the same parameters and the same gradient stream. Besides its
 named workloads, an optimizer op takes ``-w model:NAME`` and ``-w FILE`` (a parameter-shape list,
@@ -17,6 +22,7 @@ see :mod:`kernelbench.ops.shapes`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,6 +66,7 @@ class OptimizerOp(Op):
         speed_anchor: str | None = None,
         tensor_tolerances: Mapping[str, Mapping[Any, Tolerance]] | None = None,
         grad_scale: float = 1.0,
+        clip_max_norm: float | None = None,
     ) -> None:
         if not isinstance(reference, str):
             raise RegistrationError(f"op {name}: reference names the candidate the others are checked against "
@@ -72,6 +79,9 @@ class OptimizerOp(Op):
         self.hyperparams = dict(hyperparams)
         self._bytes_per_param = bytes_per_param
         self.grad_scale = grad_scale
+        # The total norm of mode clipped-step; gradients are standard normal, so any norm below
+        # sqrt(numel) clips at every step.
+        self.clip_max_norm = clip_max_norm
 
     def custom_workload(self, text: str) -> Workload | None:
         return param_workload(self.name, text)
@@ -82,8 +92,14 @@ class OptimizerOp(Op):
     def hyperparams_for(self, workload: Workload) -> dict[str, Any]:
         return {**self.hyperparams, **workload.spec.get("hyperparams", {})}
 
+    def modes(self) -> tuple[str, ...]:
+        return ("step",) if self.clip_max_norm is None else ("step", "clipped-step")
+
     def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str = "step") -> OptimizerCase:
-        return OptimizerCase(self, candidate.build, workload, device)
+        if mode not in self.modes():
+            raise ValueError(f"op {self.name} has no mode {mode}; modes: {', '.join(self.modes())}")
+        clip = self.clip_max_norm if mode == "clipped-step" else None
+        return OptimizerCase(self, candidate.build, workload, device, clip_max_norm=clip)
 
     def make_reference_case(self, workload: Workload, device: str, mode: str = "step") -> OptimizerCase:
         return self.make_case(self.get_candidate(self.reference), workload, device, mode)
@@ -92,12 +108,16 @@ class OptimizerOp(Op):
         if self._bytes_per_param is None:
             return None
         per_param = self._bytes_per_param(candidate)
-        return None if per_param is None else per_param * workload_numel(workload)
+        if per_param is None:
+            return None
+        # A clipped step must read every gradient once more, for the norm, before the update.
+        return (per_param + (4 if mode == "clipped-step" else 0)) * workload_numel(workload)
 
 
 class OptimizerCase:
     def __init__(
-        self, op: OptimizerOp, build: Callable[..., torch.optim.Optimizer], workload: Workload, device: str
+        self, op: OptimizerOp, build: Callable[..., torch.optim.Optimizer], workload: Workload, device: str,
+        clip_max_norm: float | None = None,
     ) -> None:
         import torch
 
@@ -108,7 +128,18 @@ class OptimizerCase:
         if device == "cuda":
             torch.cuda.synchronize()
         self._allocated_before = torch.cuda.memory_allocated() if device == "cuda" else 0
-        self.optimizer = build(self.named_params, **op.hyperparams_for(workload))
+        hyperparams = op.hyperparams_for(workload)
+        # Clipping inside the step when the factory takes max_grad_norm, clip_grad_norm_ before it otherwise.
+        self.clip_before_step = None
+        if clip_max_norm is not None:
+            if "max_grad_norm" in inspect.signature(build).parameters:
+                hyperparams["max_grad_norm"] = clip_max_norm
+            else:
+                self.clip_before_step = clip_max_norm
+        self._clip_params = [p for _, p in self.named_params]
+        # foreach=True, torch's choice on CUDA; elsewhere torch picks (older CPU builds lack it).
+        self._clip_foreach = True if device == "cuda" else None
+        self.optimizer = build(self.named_params, **hyperparams)
 
     def set_step(self, step: int) -> None:
         import torch
@@ -122,6 +153,10 @@ class OptimizerCase:
         pass  # gradients stay in place between steps; only step() is timed
 
     def run(self) -> None:
+        if self.clip_before_step is not None:
+            import torch
+
+            torch.nn.utils.clip_grad_norm_(self._clip_params, self.clip_before_step, foreach=self._clip_foreach)
         self.optimizer.step()
 
     def tensors(self) -> dict[str, torch.Tensor]:

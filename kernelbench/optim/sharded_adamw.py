@@ -44,6 +44,12 @@ grad buckets are being reduced in place: read or change ``p.grad`` only after ``
 gradient accumulation run all but the last backward under ``with optimizer.no_sync():``; a second
 backward outside it, before ``step()``, into a bucket already launched raises.
 
+Clipping (``max_grad_norm``): the global 2-norm of the averaged gradient, as
+``clip_grad_norm_`` on one process would compute it after an all-reduce: each rank's sum of squares
+over its reduced shards (one launch, ``kernelbench.optim.grad_norm``), all-reduced as one scalar,
+then the clip coefficient folded into ``adamw_step_flat``. The updates wait for every bucket's
+reduce-scatter (the norm needs them all), so they no longer overlap the later reductions.
+
 Gradient traffic in bf16 (``grad_comm_dtype=torch.bfloat16``): each bucket is cast into a bf16 copy
 that is reduce-scattered with SUM; the owned shard is upcast into the fp32 grad shard and scaled by
 1/W there. The moments, params and update stay fp32.
@@ -163,6 +169,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         grad_comm_dtype: dtype of the gradients on the wire. None (or fp32): the grads themselves,
             reduced in fp32. ``torch.bfloat16``: half the traffic, at the cost of the roundings
             listed in ``_finish_reduce``; the update stays fp32.
+        max_grad_norm: clip the averaged gradient to this global 2-norm inside ``step()`` (module
+            docstring, "Clipping"); ``last_grad_norm`` is then the pre-clip norm, a 0-d fp32 device
+            tensor, equal on every rank.
 
     Construction is collective (every rank must build it) and checks that the ranks agree on the
     parameter list; ``step()`` and ``consolidated_state_dict()`` are collective too. The params
@@ -186,7 +195,12 @@ class ShardedAdamW(torch.optim.Optimizer):
         comm: str = "auto",
         overlap_grad_reduce: bool = False,
         grad_comm_dtype: torch.dtype | None = None,
+        max_grad_norm: float | None = None,
     ) -> None:
+        from kernelbench.optim.grad_norm import check_max_grad_norm
+
+        self.max_grad_norm = check_max_grad_norm(max_grad_norm, "ShardedAdamW")
+        self.last_grad_norm: torch.Tensor | None = None
         if not 0.0 <= lr:
             raise ValueError(f"ShardedAdamW: invalid learning rate {lr}; accepted: lr >= 0")
         if not 0.0 <= eps:
@@ -253,6 +267,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         from kernelbench.optim.adamw import adamw_step_flat  # defines Triton kernels: import late
 
         self._adamw_step_flat = adamw_step_flat
+        self._clip: Any = None  # FusedClip and the table of the grad shards, built at the first clipped step
+        self._shard_table: Any = None
         if self.overlap_grad_reduce:
             self._check_not_hooked(all_params)
         self._buckets = self._build_buckets()
@@ -599,13 +615,18 @@ class ShardedAdamW(torch.optim.Optimizer):
             torch._foreach_zero_(zero)
 
     def _run(self, *, collect: bool, communicate: bool, update: bool) -> None:
+        clipping = update and self.max_grad_norm is not None
         if self.world_size == 1 or not communicate:
             self._drop_round()
             for b in self._buckets:
                 if collect:
                     self._collect_grads(b)
-                if update:
+                if update and not clipping:
                     self._update(b)
+            if clipping:
+                clip = self._clip_coefficient(reduce=communicate and self.world_size > 1)
+                for b in self._buckets:
+                    self._update(b, clip)
             return
         # With overlap the hooks have launched a prefix of _launch_order; the rest follows it.
         order = self._launch_order if self.overlap_grad_reduce else range(len(self._buckets))
@@ -620,12 +641,20 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._reductions = {}
         self._drop_round()
         gathers = []
+        clip = None
+        if clipping:
+            for index in order:
+                b = self._buckets[index]
+                self._wait(reductions[index], "reduce-scatter", b)
+                self._finish_reduce(b)
+            clip = self._clip_coefficient(reduce=True)
         for index in order:
             b = self._buckets[index]
-            self._wait(reductions[index], "reduce-scatter", b)
-            self._finish_reduce(b)
+            if not clipping:
+                self._wait(reductions[index], "reduce-scatter", b)
+                self._finish_reduce(b)
             if update:
-                self._update(b)
+                self._update(b, clip)
             gathers.append((b, self._start_all_gather(b)))
         for b, work in gathers:
             self._wait(work, "all-gather", b)
@@ -641,13 +670,26 @@ class ShardedAdamW(torch.optim.Optimizer):
         elif self.comm != "reduce-scatter-avg":
             b.grad_shard.mul_(1.0 / self.world_size)
 
-    def _update(self, b: _Bucket) -> None:
+    def _clip_coefficient(self, reduce: bool) -> torch.Tensor:
+        """The clip coefficient of this step from every reduced grad shard (device tensors only)."""
+        from kernelbench.optim.adamw import BLOCK
+        from kernelbench.optim.grad_norm import FlatTable, FusedClip
+
+        if self._clip is None:
+            self._clip = FusedClip(self.max_grad_norm, self.device)
+            self._shard_table = FlatTable([b.grad_shard for b in self._buckets], BLOCK)
+        coef = self._clip.coefficient([self._shard_table.source],
+                                      process_group=self.process_group if reduce else None)
+        self.last_grad_norm = self._clip.norm
+        return coef
+
+    def _update(self, b: _Bucket, clip: torch.Tensor | None = None) -> None:
         group = b.group
         beta1, beta2 = group["betas"]
         self._adamw_step_flat(
             b.param_shard, b.grad_shard, b.exp_avg, b.exp_avg_sq, b.step,
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-            weight_decay=group["weight_decay"], maximize=group["maximize"],
+            weight_decay=group["weight_decay"], maximize=group["maximize"], clip_coef=clip,
         )
 
     def _comm_error(self, what: str, b: _Bucket, error: Exception) -> RuntimeError:

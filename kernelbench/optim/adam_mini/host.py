@@ -23,6 +23,7 @@ from .._triton_utils import (
     upload_int64,
 )
 from ..adamw.host import reciprocal_in_fp64
+from ..grad_norm import NormSource
 from .kernels import (
     _CM_AMAX,
     _CM_SUM,
@@ -136,6 +137,13 @@ class LaunchPlan:
         self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
         self.scalars: tuple = ()
 
+    def norm_source(self, dtype: torch.dtype) -> NormSource:
+        """The sum of squares of this plan's gradient segments, read through its table (a unit is one
+        program of the update launch: ``rows`` blocks, or one block)."""
+        unit = self.block_len if self.per_block else self.rows * self.block_len
+        return NormSource(self.table, self.n_tensors, self.n_programs, dtype, unit, size_mult=self.block_len,
+                          aligned=self.aligned)
+
     def repoint_grads(self, grad_ptrs: tuple, check: Callable[[int], None]) -> bool:
         """Point the table at new gradient tensors (a backward after ``zero_grad(set_to_none=True)``,
         torch's default, allocates them anew): only the gradient column is rewritten, not the
@@ -172,14 +180,15 @@ class StepTable:
         self.table = upload_int64(addresses, plans[0].device)
 
 
-def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype) -> None:
+def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype, clip: torch.Tensor | None = None) -> None:
     """One update launch of ``plan`` with ``group``'s hyperparameters (step counters already
-    incremented). Hyperparameters are read every step (LR schedulers), converted only when they change."""
+    incremented), the gradients scaled by ``clip`` (0-d fp32) when given. Hyperparameters are read
+    every step (LR schedulers), converted only when they change."""
     scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
     if plan.scalars_key != scalars_key:
         lr = float(group["lr"])
         beta1, beta2 = group["betas"]
-        plan.scalars = (plan.table, plan.telemetry, plan.n_tensors, plan.n_programs,
+        plan.scalars = (plan.n_tensors, plan.n_programs,
                         lr, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
                         f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
         plan.constexprs = dict(
@@ -192,7 +201,9 @@ def launch(plan: LaunchPlan, group: dict, dtype: torch.dtype) -> None:
             plan.constexprs.update(COLS=plan.cols, ROWS=plan.rows)
         plan.scalars_key = scalars_key
     kernel = _adam_mini_block_kernel if plan.per_block else _adam_mini_rows_kernel
-    kernel[plan.grid](*plan.scalars, **plan.constexprs)
+    # Unclipped, the coefficient's slot takes the telemetry buffer: any pointer, never read.
+    kernel[plan.grid](plan.table, plan.telemetry, plan.telemetry if clip is None else clip, *plan.scalars,
+                      HAS_CLIP=clip is not None, **plan.constexprs)
 
 
 # Elements of a commit row's blocks (and scales) one iteration of the commit kernel handles.
@@ -319,26 +330,28 @@ class ShardedPlan:
         lr = float(group["lr"])
         beta1, beta2 = group["betas"]
         self.lerp_weight, self.beta2, self.sq_weight = 1.0 - beta1, beta2, 1.0 - beta2
-        self.apply_args = (self.table, self.telemetry, self.n_pieces, lr, 1.0 - lr * group["weight_decay"],
+        self.apply_args = (self.n_pieces, lr, 1.0 - lr * group["weight_decay"],
                            1.0 - beta1, beta2, 1.0 - beta2, group["eps"],
                            f64_bits(log_or_neg_inf(beta1)), f64_bits(log_or_neg_inf(beta2)))
         self.constexprs = dict(DTYPE=TL_DTYPE[dtype], M_DTYPE=_M_TL_DTYPE[self.m_kind], M_KIND=self.m_kind,
                                TILE=self.tile)
         self.scalars_key = scalars_key
 
-    def partial(self, group: dict, dtype: torch.dtype) -> None:
+    def partial(self, group: dict, dtype: torch.dtype, clip: torch.Tensor | None = None) -> None:
         self._scalars(group, dtype)
         if self.n_pieces:
             # No contraction, as in apply: m must round the same in both, or the scales would not match.
-            _adam_mini_partial_kernel[(self.n_pieces,)](self.table, self.lerp_weight, **self.constexprs,
-                                                        num_warps=8, enable_fp_fusion=False)
+            _adam_mini_partial_kernel[(self.n_pieces,)](
+                self.table, self.telemetry if clip is None else clip, self.lerp_weight, **self.constexprs,
+                HAS_CLIP=clip is not None, num_warps=8, enable_fp_fusion=False)
 
-    def apply(self, group: dict, dtype: torch.dtype) -> None:
+    def apply(self, group: dict, dtype: torch.dtype, clip: torch.Tensor | None = None) -> None:
         self._scalars(group, dtype)
         if self.n_pieces:
             _adam_mini_apply_kernel[(self.n_pieces,)](
-                *self.apply_args, **self.constexprs, INV_BC2_FP64=reciprocal_in_fp64(self.device),
-                EMULATE_E4M3=interpreting(), num_warps=8, enable_fp_fusion=False)
+                self.table, self.telemetry, self.telemetry if clip is None else clip, *self.apply_args,
+                **self.constexprs, INV_BC2_FP64=reciprocal_in_fp64(self.device), EMULATE_E4M3=interpreting(),
+                HAS_CLIP=clip is not None, num_warps=8, enable_fp_fusion=False)
         _adam_mini_commit_kernel[(len(self._commits),)](self.commit_table, self.beta2, self.sq_weight,
                                                         M_KIND=self.m_kind, BLOCK=COMMIT_BLOCK, num_warps=4,
                                                         enable_fp_fusion=False)

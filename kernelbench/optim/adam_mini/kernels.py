@@ -144,6 +144,7 @@ def _tensor_entry(table_ptr, n_tensors, ALIGNED: tl.constexpr, DTYPE: tl.constex
 def _adam_mini_rows_kernel(
     table_ptr,  # int64 [TABLE_STRIDE per tensor | n_programs tensor ids]
     telemetry_ptr,  # fp32 [2, n_programs]: max|update|, max|m| of each program
+    clip_ptr,  # fp32 0-d gradient scale of a fused clip (kernelbench.optim.grad_norm), read with HAS_CLIP
     n_tensors, n_programs,
     lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, rounded on the host as torch would
     log_beta1_bits, log_beta2_bits,  # int64: fp64 bit patterns
@@ -152,6 +153,7 @@ def _adam_mini_rows_kernel(
     COLS: tl.constexpr,  # BLOCK_LEN rounded up to a power of two
     ROWS: tl.constexpr,  # blocks per program, >= 2 (one block per program goes to the block kernel)
     ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
+    HAS_CLIP: tl.constexpr = False,  # compile-time, so the unclipped kernel is unchanged
 ):
     local, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
         table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
@@ -167,6 +169,8 @@ def _adam_mini_rows_kernel(
         mask = row_mask[:, None] & (cols < BLOCK_LEN)[None, :]
 
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_CLIP:
+        g = g * tl.load(clip_ptr)
     mean_sq = tl.sum(g * g, axis=1) * (1.0 / BLOCK_LEN)
     vmean = tl.load(vmean_ptr + rows, mask=row_mask, other=0.0)
     vmean = tl.fma(sq_weight, mean_sq, vmean * beta2)
@@ -227,7 +231,7 @@ def _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay, 
 
 @triton.jit
 def _adam_mini_block_kernel(
-    table_ptr, telemetry_ptr,  # as in _adam_mini_rows_kernel
+    table_ptr, telemetry_ptr, clip_ptr,  # as in _adam_mini_rows_kernel
     n_tensors, n_programs,
     lr, decay, lerp_weight, beta2, sq_weight, eps,
     log_beta1_bits, log_beta2_bits,
@@ -235,6 +239,7 @@ def _adam_mini_block_kernel(
     BLOCK_LEN: tl.constexpr,  # elements per Adam-mini block, > CHUNK / 2
     CHUNK: tl.constexpr,  # elements per loop iteration; also the fp8 scale block of a longer block
     ALIGNED: tl.constexpr, INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
+    HAS_CLIP: tl.constexpr = False,
 ):
     """One program per block. A block of at most CHUNK elements is one pass (g stays in
     registers); a longer one takes two (mean of g^2, then the update, reading g again).
@@ -249,6 +254,7 @@ def _adam_mini_block_kernel(
     block, p_ptr, g_ptr, m_ptr, scale_ptr, vmean_ptr, step_ptr, n_blocks = _tensor_entry(
         table_ptr, n_tensors, ALIGNED, DTYPE, M_DTYPE)
     inv_bc1, inv_bc2_sqrt = _mini_scalars(step_ptr, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    clip_coef = tl.load(clip_ptr) if HAS_CLIP else 1.0
     n_chunks: tl.constexpr = (BLOCK_LEN + CHUNK - 1) // CHUNK
     base = block * BLOCK_LEN
     lanes = tl.arange(0, CHUNK)
@@ -261,6 +267,8 @@ def _adam_mini_block_kernel(
         else:
             mask = lanes < BLOCK_LEN
         g = _load_f32(g_ptr + offs, mask)
+        if HAS_CLIP:
+            g = g * clip_coef
         mean_sq = tl.sum(g * g, axis=0) * (1.0 / BLOCK_LEN)
         vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
         tl.debug_barrier()  # every warp has read the old vmean before one replaces it (see above)
@@ -278,6 +286,8 @@ def _adam_mini_block_kernel(
                 g = tl.load(g_ptr + base + c + lanes).to(tl.float32)
             else:
                 g = tl.load(g_ptr + base + c + lanes, mask=(c + lanes) < BLOCK_LEN, other=0.0).to(tl.float32)
+            if HAS_CLIP:
+                g = g * clip_coef
             acc += g * g
         mean_sq = tl.sum(acc, axis=0) * (1.0 / BLOCK_LEN)
         vmean = tl.fma(sq_weight, mean_sq, tl.load(vmean_ptr + block) * beta2)
@@ -293,11 +303,15 @@ def _adam_mini_block_kernel(
             scale_slot = scale_ptr + block * n_chunks + c // CHUNK
             if BLOCK_LEN % CHUNK == 0:
                 g = tl.load(g_ptr + offs).to(tl.float32)
+                if HAS_CLIP:
+                    g = g * clip_coef
                 abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, None, step_size, lr, decay,
                                                  lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
             else:
                 mask = (c + lanes) < BLOCK_LEN
                 g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_CLIP:
+                    g = g * clip_coef
                 abs_update, abs_m = _block_chunk(p_ptr, g, m_ptr, scale_slot, offs, mask, step_size, lr, decay,
                                                  lerp_weight, DTYPE, M_KIND, EMULATE_E4M3)
             max_update = tl.maximum(max_update, abs_update)
@@ -360,9 +374,11 @@ def _lerp(m, g, lerp_weight):
 @triton.jit
 def _adam_mini_partial_kernel(
     pieces_ptr,  # int64 [PIECE_STRIDE per piece]
+    clip_ptr,  # fp32 0-d gradient scale of a fused clip, read with HAS_CLIP
     lerp_weight,  # fp32, 1 - beta1
     DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr,
     TILE: tl.constexpr,  # elements per window; the fp8 scale block of a block longer than TILE
+    HAS_CLIP: tl.constexpr = False,
 ):
     """One program per piece: the sum of g^2 over the piece into its block's slot and, for fp8,
     max |m_new| of each scale block the piece touches into its max slot. Windows are aligned to
@@ -371,11 +387,14 @@ def _adam_mini_partial_kernel(
      inv_len) = _piece(pieces_ptr, DTYPE, M_DTYPE)
     lanes = tl.arange(0, TILE)
     acc = tl.zeros([TILE], dtype=tl.float32)
+    clip_coef = tl.load(clip_ptr) if HAS_CLIP else 1.0
     for w in range(offset // TILE, (offset + length - 1) // TILE + 1):
         in_block = w * TILE + lanes
         mask = (in_block >= offset) & (in_block < offset + length)
         local = in_block - offset
         g = tl.load(g_ptr + local, mask=mask, other=0.0).to(tl.float32)
+        if HAS_CLIP:
+            g = g * clip_coef
         acc += g * g
         if M_KIND == _M_FP8_C:
             m = tl.load(m_ptr + local, mask=mask, other=0.0).to(tl.float32) * tl.load(scale_ptr + w)
@@ -394,11 +413,13 @@ def _reduced_vmean(vmean_ptr, sum_ptr, inv_len, beta2, sq_weight):
 @triton.jit
 def _adam_mini_apply_kernel(
     pieces_ptr, telemetry_ptr,  # fp32 [2, n_pieces]: max|update|, max|m| of each piece
+    clip_ptr,  # as in _adam_mini_partial_kernel
     n_pieces,
     lr, decay, lerp_weight, beta2, sq_weight, eps,  # fp32, as in _adam_mini_rows_kernel
     log_beta1_bits, log_beta2_bits,
     DTYPE: tl.constexpr, M_DTYPE: tl.constexpr, M_KIND: tl.constexpr, TILE: tl.constexpr,
     INV_BC2_FP64: tl.constexpr, EMULATE_E4M3: tl.constexpr,
+    HAS_CLIP: tl.constexpr = False,
 ):
     """One program per piece: the update with the block's reduced statistics. Reads vmean and the
     old scales, writes neither (commit does, after every piece has read them)."""
@@ -410,11 +431,14 @@ def _adam_mini_apply_kernel(
     lanes = tl.arange(0, TILE)
     max_update = tl.zeros([TILE], dtype=tl.float32)
     max_m = tl.zeros([TILE], dtype=tl.float32)
+    clip_coef = tl.load(clip_ptr) if HAS_CLIP else 1.0
     for w in range(offset // TILE, (offset + length - 1) // TILE + 1):
         in_block = w * TILE + lanes
         mask = (in_block >= offset) & (in_block < offset + length)
         local = in_block - offset
         g = tl.load(g_ptr + local, mask=mask, other=0.0).to(tl.float32)
+        if HAS_CLIP:
+            g = g * clip_coef
         m = tl.load(m_ptr + local, mask=mask, other=0.0).to(tl.float32)
         if M_KIND == _M_FP8_C:
             m = m * tl.load(scale_ptr + w)

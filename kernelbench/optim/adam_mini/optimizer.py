@@ -74,6 +74,7 @@ from .._triton_utils import (
     refuse_rebuild_while_capturing,
 )
 from ..adamw.host import StepIncrementer
+from ..grad_norm import FusedClip, check_max_grad_norm, one_process_group
 from .host import (
     DEFAULT_LAUNCH,
     FP8_SCALE_BLOCK,
@@ -175,6 +176,11 @@ class AdamMini(torch.optim.Optimizer):
 
     ``launch_config`` (``kernelbench.optim.adam_mini.LaunchConfig``): how the kernels are
     launched; tuning only for fp32 / bf16 state (the reductions' order may change the last bits).
+
+    ``max_grad_norm``: clip the gradients to this total 2-norm inside ``step()`` as
+    ``torch.nn.utils.clip_grad_norm_`` before it would (the per-block means of g^2 use the clipped
+    g), with the norm computed on the device and folded into the update kernels (global over the
+    mesh under FSDP2); ``last_grad_norm`` is then the pre-clip norm (``kernelbench.optim.grad_norm``).
     """
 
     def __init__(
@@ -196,7 +202,9 @@ class AdamMini(torch.optim.Optimizer):
         fallback: str = "official",
         min_8bit_size: int = 4096,
         launch_config: LaunchConfig = DEFAULT_LAUNCH,
+        max_grad_norm: float | None = None,
     ) -> None:
+        self.max_grad_norm = check_max_grad_norm(max_grad_norm, _WHO)
         if not isinstance(launch_config, LaunchConfig):
             raise TypeError(f"{_WHO}: launch_config={launch_config!r}; accepted: a "
                             "kernelbench.optim.adam_mini.LaunchConfig.")
@@ -273,6 +281,8 @@ class AdamMini(torch.optim.Optimizer):
         self._step_table: StepTable | None = None
         self._increment_steps = StepIncrementer()
         self._parts: dict[int, Partition] | None = None
+        self._clip: FusedClip | None = None
+        self.last_grad_norm: torch.Tensor | None = None  # pre-clip total norm of the last step (max_grad_norm)
 
     embd_names = _name_set_property("embd_names")
     output_names = _name_set_property("output_names")
@@ -328,12 +338,15 @@ class AdamMini(torch.optim.Optimizer):
         self._entries: dict[int, list[tuple[tuple, int]] | None] = {}
         # DTensor parameters whose block statistics are all-reduced, and over which process group
         self._reduced: dict[int, Any] = {}
+        shard_groups = []
         for group in self.param_groups:
             for p in group["params"]:
                 part = parts[id(p)]
                 m_dtype = self._m_dtype_name(part, p)
+                shard_groups.append(None)
                 if is_dtensor(p):
                     shard = row_shard(p, self._label(p), _WHO)
+                    shard_groups[-1] = shard.group
                     if part.strided:
                         raise ValueError(f"{_WHO}: {self._label(p)} has strided blocks ({describe(part)}), which "
                                          "FSDP2's row shards cut; under fully_shard use a partition of runs (the "
@@ -342,6 +355,8 @@ class AdamMini(torch.optim.Optimizer):
                         self._reduced[id(p)] = shard.group
                 self._entries[id(p)] = None if part.strided else [
                     ((seg.block_len, m_dtype), i) for i, seg in enumerate(part.segments)]
+        if self.max_grad_norm is not None:
+            self._clip_group = one_process_group(shard_groups, _WHO)
         if self.verbose:
             self._say_what_was_found(parts)
 
@@ -510,6 +525,9 @@ class AdamMini(torch.optim.Optimizer):
             for (dtype, m_dtype), params in by_reduced.items():
                 reduced.append((self._sharded_plan(index, dtype, m_dtype, params), group, dtype))
         plans = [plan for plan, _, _ in launches + reduced]
+        clip = None
+        if self.max_grad_norm is not None and (plans or by_torch):
+            clip = self._clip_coefficient(launches, reduced, by_torch)
         if plans:
             with on_device(one_device((plan.device for plan in plans), _WHO)):
                 table = self._step_table
@@ -518,18 +536,35 @@ class AdamMini(torch.optim.Optimizer):
                     refuse_rebuild_while_capturing(_WHO)
                     table = self._step_table = StepTable(plans)
                 self._increment_steps([table])
-                pending = self._reduce_statistics(reduced)
+                pending = self._reduce_statistics(reduced, clip)
                 for plan, group, dtype in launches:
-                    launch(plan, group, dtype)
+                    launch(plan, group, dtype, clip)
                 for work in pending:
                     work.wait()
                 for plan, group, dtype in reduced:
-                    plan.apply(group, dtype)
+                    plan.apply(group, dtype, clip)
         for p, group in by_torch:
-            self._torch_step(p, group)
+            self._torch_step(p, group, clip)
         return loss
 
-    def _reduce_statistics(self, reduced: list) -> list:
+    def _clip_coefficient(self, launches: list, reduced: list, by_torch: list) -> torch.Tensor:
+        """The fused clip's coefficient: the kernel launches' gradients through their tables; the
+        pieces of reduced-statistics parameters and the PyTorch path's through torch's foreach norm."""
+        device = (launches + reduced)[0][0].device if launches or reduced else by_torch[0][0].device
+        if self._clip is None or self._clip.norm.device != device:
+            self._clip = FusedClip(self.max_grad_norm, device)
+        others = [local_tensor(p.grad) for plan, _, _ in reduced for p in plan.params]
+        others += [p.grad for p, _ in by_torch]
+        local_sq = []
+        if others:
+            local_sq.append(torch.stack(torch._foreach_norm(others, 2.0)).float().square().sum())
+        with on_device(device):
+            coef = self._clip.coefficient([plan.norm_source(dtype) for plan, _, dtype in launches],
+                                          local_sq=local_sq, process_group=self._clip_group)
+        self.last_grad_norm = self._clip.norm
+        return coef
+
+    def _reduce_statistics(self, reduced: list, clip: torch.Tensor | None = None) -> list:
         """Partial sums of every reduced-statistics launch, then one all-reduce per process group of
         the sums (and one of the fp8 maxima), started without waiting: the row launches run meanwhile."""
         if not reduced:
@@ -552,7 +587,7 @@ class AdamMini(torch.optim.Optimizer):
                     scale += plan.n_scales
                 self._reductions[process_group] = bound = (tuple(plans), sums, amax)
         for plan, group, dtype in reduced:
-            plan.partial(group, dtype)
+            plan.partial(group, dtype, clip)
         pending = []
         import torch.distributed as dist
 
@@ -643,12 +678,14 @@ class AdamMini(torch.optim.Optimizer):
         plan.params = list(params)  # telemetry() names parameters by their own object
         return plan
 
-    def _torch_step(self, p: torch.Tensor, group: dict) -> None:
+    def _torch_step(self, p: torch.Tensor, group: dict, clip: torch.Tensor | None = None) -> None:
         """Parameters with strided blocks (Conv1D columns): the same math in PyTorch ops, per
         segment, m in fp32 or bf16."""
         part = self._parts[id(p)]
         g = p.grad
         check_param_and_grad(self._label(p), p, g, p.device, SUPPORTED_DTYPES, _WHO)
+        if clip is not None:
+            g = g.float() * clip
         state = self._init_state(p, part)
         state["step"].add_(1)
         beta1, beta2 = group["betas"]

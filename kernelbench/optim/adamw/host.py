@@ -27,6 +27,7 @@ from .._triton_utils import (
     refuse_rebuild_while_capturing,
     upload_int64,
 )
+from ..grad_norm import NormSource
 from .kernels import _G, _STEP, _adamw_flat_kernel, increment_steps_kernel
 
 # 1024 elements per program with 4 warps: 8 per thread, two 16-byte fp32 vectors per stream per
@@ -100,8 +101,12 @@ def adamw_step_flat(
     eps: float,
     weight_decay: float,
     maximize: bool = False,
+    clip_coef: torch.Tensor | None = None,
 ) -> None:
     """One AdamW step on contiguous 1-D fp32 tensors, in place.
+
+    ``clip_coef``: a 0-d fp32 tensor on the same device by which the update scales ``grad`` as it
+    reads it (a fused gradient clip, ``kernelbench.optim.grad_norm``); ``grad`` itself is not written.
 
     ``step`` is a 0-d fp32 tensor on the same device; it is incremented first and the update uses
     the incremented value, as torch's AdamW does. Same math and rounding as TritonAdamW, so a
@@ -122,22 +127,27 @@ def adamw_step_flat(
                          f"{step.dtype} of shape {tuple(step.shape)} on {step.device}.")
     check_device_supported(param.device, "adamw_step_flat")
     check_kernel_tensor(step, "step", param.device, "adamw_step_flat")
+    if clip_coef is not None:
+        if clip_coef.dim() != 0 or clip_coef.dtype != torch.float32 or clip_coef.device != param.device:
+            raise ValueError(f"adamw_step_flat: clip_coef must be a 0-d fp32 tensor on {param.device}, got "
+                             f"{clip_coef.dtype} of shape {tuple(clip_coef.shape)} on {clip_coef.device}.")
+        check_kernel_tensor(clip_coef, "clip_coef", param.device, "adamw_step_flat")
     if param.numel() == 0:
         return
     step.add_(1.0)
     grid = (triton.cdiv(param.numel(), BLOCK),)
-    key = (grid, bool(maximize), reciprocal_in_fp64(param.device))
+    key = (grid, bool(maximize), reciprocal_in_fp64(param.device), clip_coef is not None)
     launch = _FLAT_LAUNCHERS.get(key)
     if launch is None:
         launch = _FLAT_LAUNCHERS[key] = CachedLauncher(
-            _adamw_flat_kernel, grid, MAXIMIZE=key[1], INV_BC2_FP64=key[2], BLOCK_SIZE=BLOCK,
+            _adamw_flat_kernel, grid, MAXIMIZE=key[1], INV_BC2_FP64=key[2], BLOCK_SIZE=BLOCK, HAS_CLIP=key[3],
             num_warps=NUM_WARPS, enable_fp_fusion=False)
     with on_device(param.device):
-        launch(param, grad, exp_avg, exp_avg_sq, step, param.numel(),
+        launch(param, grad, exp_avg, exp_avg_sq, step, step if clip_coef is None else clip_coef, param.numel(),
                *_host_scalars(_check_lr(lr), beta1, beta2, eps, weight_decay))
 
 
-# adamw_step_flat's launchers, by (grid, maximize, reciprocal in fp64): a sharded optimizer calls
+# adamw_step_flat's launchers, by (grid, maximize, reciprocal in fp64, clip): a sharded optimizer calls
 # it with the same few bucket sizes every step.
 _FLAT_LAUNCHERS: dict[tuple, CachedLauncher] = {}
 
@@ -205,10 +215,16 @@ class _LaunchPlan:
         # Small launches advance their own step counters (one launch per step instead of two).
         self.increments_steps = self.n_programs <= FUSED_INCREMENT_MAX_PROGRAMS
         self.ticket = torch.zeros(1, dtype=torch.int32, device=device)
+        self.process_group = None  # the group a fused clip all-reduces this plan's sum of squares over
         self.scalars_key: tuple | None = None  # the group's hyperparameters that scalars were made from
         self.scalars: tuple = ()
         self.launch: CachedLauncher | None = None  # for the group's current compile-time flags
-        self.launchers: dict[tuple[bool, bool, bool], CachedLauncher] = {}  # by (amsgrad, maximize, increment)
+        self.launchers: dict[tuple[bool, bool, bool, bool], CachedLauncher] = {}  # by (amsgrad, maximize,
+        # increment, clip)
+
+    def norm_source(self, dtype: torch.dtype) -> NormSource:
+        """The sum of squares of this plan's gradients, read through its table."""
+        return NormSource(self.table, self.n_tensors, self.n_programs, dtype, BLOCK, aligned=self.aligned)
 
 
     def repoint_grads(self, grad_ptrs: tuple, params: list[torch.Tensor], grads: list[torch.Tensor],

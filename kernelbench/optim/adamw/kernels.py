@@ -114,10 +114,13 @@ def _adamw_block(
     mask,  # None for a full block
     decay, lerp_weight, beta2, sq_weight, eps,  # fp32 scalars rounded on the host like torch's
     neg_step_size, inv_bc2_sqrt,  # fp32 scalars of this tensor's step
-    AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
+    clip_coef,  # fp32 gradient scale of a fused clip (read with HAS_CLIP only)
+    AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, HAS_CLIP: tl.constexpr,
 ):
     p = tl.load(p_ptr, mask=mask).to(tl.float32)
     g = tl.load(g_ptr, mask=mask).to(tl.float32)
+    if HAS_CLIP:
+        g = g * clip_coef
     m = tl.load(m_ptr, mask=mask).to(tl.float32)
     v = tl.load(v_ptr, mask=mask).to(tl.float32)
     if MAXIMIZE:
@@ -145,6 +148,7 @@ def _adamw_group_kernel(
     table_ptr,  # int64: [TABLE_STRIDE values per tensor | n_programs tensor ids]
     n_tensors,
     ticket_ptr,  # int32 counter, zero between launches (used with INCREMENT_STEPS)
+    clip_ptr,  # fp32 0-d clip coefficient (grad_norm.py), read with HAS_CLIP only
     lr_bits, log_beta1_bits, log_beta2_bits,  # int64: fp64 bit patterns
     decay, lerp_weight, beta2, sq_weight, eps,  # fp32
     DTYPE: tl.constexpr,  # element type of params and state
@@ -153,6 +157,7 @@ def _adamw_group_kernel(
     INV_BC2_FP64: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     INCREMENT_STEPS: tl.constexpr,  # advance every step counter here (see the module docstring)
+    HAS_CLIP: tl.constexpr = False,  # a compile-time flag, so the unclipped kernel is unchanged
 ):
     pid = tl.program_id(0)
     tensor = tl.load(table_ptr + TABLE_STRIDE_C * n_tensors + pid)
@@ -170,14 +175,17 @@ def _adamw_group_kernel(
     neg_step_size, inv_bc2_sqrt = _adamw_scalars(step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64,
                                                  INCREMENT_STEPS)
 
+    clip_coef = tl.load(clip_ptr) if HAS_CLIP else 1.0
     start = (pid - first_program) * BLOCK_SIZE
     offs = start + tl.arange(0, BLOCK_SIZE)
     if start + BLOCK_SIZE <= numel:
         _adamw_block(p_base + offs, g_base + offs, m_base + offs, v_base + offs, vmax_base + offs, None,
-                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, AMSGRAD, MAXIMIZE)
+                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, clip_coef,
+                     AMSGRAD, MAXIMIZE, HAS_CLIP)
     else:
         _adamw_block(p_base + offs, g_base + offs, m_base + offs, v_base + offs, vmax_base + offs, offs < numel,
-                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, AMSGRAD, MAXIMIZE)
+                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, clip_coef,
+                     AMSGRAD, MAXIMIZE, HAS_CLIP)
     if INCREMENT_STEPS:
         # Every program read its step above, before this acq_rel atomic; the one that arrives last
         # therefore runs after every read and may advance all the counters, then re-arms the ticket.
@@ -193,17 +201,22 @@ def _adamw_group_kernel(
 def _adamw_flat_kernel(
     p_ptr, g_ptr, m_ptr, v_ptr,  # fp32, contiguous, numel elements each
     step_ptr,  # fp32 0-d: this step's t (incremented before the launch)
+    clip_ptr,  # fp32 0-d clip coefficient, read with HAS_CLIP only
     numel,
     lr_bits, log_beta1_bits, log_beta2_bits,
     decay, lerp_weight, beta2, sq_weight, eps,
     MAXIMIZE: tl.constexpr, INV_BC2_FP64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HAS_CLIP: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     neg_step_size, inv_bc2_sqrt = _adamw_scalars(step_ptr, lr_bits, log_beta1_bits, log_beta2_bits, INV_BC2_FP64)
+    clip_coef = tl.load(clip_ptr) if HAS_CLIP else 1.0
     offs = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     if (pid + 1).to(tl.int64) * BLOCK_SIZE <= numel:
         _adamw_block(p_ptr + offs, g_ptr + offs, m_ptr + offs, v_ptr + offs, v_ptr + offs, None,
-                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, False, MAXIMIZE)
+                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, clip_coef,
+                     False, MAXIMIZE, HAS_CLIP)
     else:
         _adamw_block(p_ptr + offs, g_ptr + offs, m_ptr + offs, v_ptr + offs, v_ptr + offs, offs < numel,
-                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, False, MAXIMIZE)
+                     decay, lerp_weight, beta2, sq_weight, eps, neg_step_size, inv_bc2_sqrt, clip_coef,
+                     False, MAXIMIZE, HAS_CLIP)

@@ -23,6 +23,7 @@ from .._triton_utils import (
     param_label,
     refuse_rebuild_while_capturing,
 )
+from ..grad_norm import FusedClip, check_max_grad_norm, one_process_group
 from ..sharded_adamw import TORCH_ADAMW_GROUP_EXTRAS
 from .host import (
     _WHO,
@@ -53,6 +54,13 @@ class TritonAdamW(torch.optim.Optimizer):
     work; it is a kernel argument, so a captured CUDA graph keeps the lr it was captured with);
     ``state['step']`` lives on the parameter's device. Parameters and gradients must be dense
     (contiguous or permuted, with equal strides); other layouts are a clear error.
+
+    ``max_grad_norm``: clip the gradients to this total 2-norm inside ``step()``, as
+    ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)`` before it would, with the
+    norm computed on the device (one extra read of the gradients, no host sync; global over the mesh
+    under FSDP2) and the scale folded into the update; ``p.grad`` is left unscaled. After each step
+    ``last_grad_norm`` is the pre-clip norm (0-d fp32 on the device; one buffer, rewritten by every
+    step: clone it to keep it). See ``kernelbench.optim.grad_norm``.
     """
 
     def __init__(
@@ -65,8 +73,10 @@ class TritonAdamW(torch.optim.Optimizer):
         amsgrad: bool = False,
         *,
         maximize: bool = False,
+        max_grad_norm: float | None = None,
     ) -> None:
         lr = _check_lr(lr)
+        self.max_grad_norm = check_max_grad_norm(max_grad_norm, _WHO)
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -84,6 +94,8 @@ class TritonAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._plans: dict[tuple[int, torch.dtype], _LaunchPlan] = {}
         self._increment_steps = StepIncrementer()
+        self._clip: FusedClip | None = None
+        self.last_grad_norm: torch.Tensor | None = None  # pre-clip total norm of the last step (max_grad_norm)
         self._labels = {id(p): param_label(None, i, p)
                         for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
 
@@ -122,10 +134,18 @@ class TritonAdamW(torch.optim.Optimizer):
             return loss
         device = launches[0][0].device if len(launches) == 1 else one_device((p.device for p, _, _ in launches), _WHO)
         with on_device(device):
+            clip = None
+            if self.max_grad_norm is not None:
+                if self._clip is None or self._clip.norm.device != device:
+                    self._clip = FusedClip(self.max_grad_norm, device)
+                clip = self._clip.coefficient(
+                    [plan.norm_source(dtype) for plan, _, dtype in launches],
+                    process_group=one_process_group([plan.process_group for plan, _, _ in launches], _WHO))
+                self.last_grad_norm = self._clip.norm
             if not fused_increment:
                 self._increment_steps([plan for plan, _, _ in launches])
             for plan, group, dtype in launches:
-                self._launch(plan, group, dtype, fused_increment)
+                self._launch(plan, group, dtype, fused_increment, clip)
         return loss
 
     def _plan(self, index: int, group: dict, dtype: torch.dtype, params: list[torch.Tensor]) -> _LaunchPlan:
@@ -157,25 +177,27 @@ class TritonAdamW(torch.optim.Optimizer):
             plan = self._plans[(index, dtype)] = self._build_plan(key, group, params)
         return plan
 
-    def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype, increment_steps: bool) -> None:
+    def _launch(self, plan: _LaunchPlan, group: dict, dtype: torch.dtype, increment_steps: bool,
+                clip: torch.Tensor | None) -> None:
         # Hyperparameters are read every step (LR schedulers), converted only when they change;
         # the launcher depends only on the compile-time flags, so a new lr keeps the fast launch.
         scalars_key = (group["lr"], group["betas"], group["eps"], group["weight_decay"], group["amsgrad"],
-                       group["maximize"], increment_steps)
+                       group["maximize"], increment_steps, clip is not None)
         if plan.scalars_key != scalars_key:
             lr = _check_lr(group["lr"])
             beta1, beta2 = group["betas"]
             plan.scalars = _host_scalars(lr, beta1, beta2, group["eps"], group["weight_decay"])
-            flags = (bool(group["amsgrad"]), bool(group["maximize"]), increment_steps)
+            flags = (bool(group["amsgrad"]), bool(group["maximize"]), increment_steps, clip is not None)
             plan.launch = plan.launchers.get(flags)
             if plan.launch is None:
                 plan.launch = plan.launchers[flags] = CachedLauncher(
                     _adamw_group_kernel, plan.grid,
                     DTYPE=TL_DTYPE[dtype], AMSGRAD=flags[0], MAXIMIZE=flags[1], ALIGNED=plan.aligned,
                     INV_BC2_FP64=reciprocal_in_fp64(plan.table.device), BLOCK_SIZE=BLOCK, INCREMENT_STEPS=flags[2],
-                    num_warps=NUM_WARPS, enable_fp_fusion=False)
+                    HAS_CLIP=flags[3], num_warps=NUM_WARPS, enable_fp_fusion=False)
             plan.scalars_key = scalars_key
-        plan.launch(plan.table, plan.n_tensors, plan.ticket, *plan.scalars)
+        # Unclipped, the coefficient's slot takes the ticket: any pointer, never read.
+        plan.launch(plan.table, plan.n_tensors, plan.ticket, plan.ticket if clip is None else clip, *plan.scalars)
 
     def _build_plan(self, key: tuple, group: dict, params: list[torch.Tensor]) -> _LaunchPlan:
         refuse_rebuild_while_capturing(_WHO)
@@ -212,4 +234,7 @@ class TritonAdamW(torch.optim.Optimizer):
             states.append(local_state)
         plan = _LaunchPlan(key, local_params, local_grads, states, bool(group["amsgrad"]))
         plan.plain = not any(map(is_dtensor, params))
+        if not plan.plain:
+            plan.process_group = one_process_group([shard.group if (shard := row_shard(p, self._labels[id(p)], _WHO))
+                                                    else None for p in params], _WHO)
         return plan
