@@ -77,8 +77,9 @@ def test_list_formats_for_scripts(fmt):
 
 
 def test_run_json_output_is_one_object_per_row_and_nothing_else(tmp_path):
-    result = kb("run", "adamw", "--device", "cpu", "-w", "tiny", "-c", "torch-forloop", "-c", "torch-foreach",
-                "--rep-ms", "5", "--warmup-ms", "1", "--parity-steps", "1", "--format", "json", "-o", tmp_path / "r")
+    result = kb("run", "adamw", "--device", "cpu", "-w", "tiny", "-m", "step", "-c", "torch-forloop", "-c",
+                "torch-foreach", "--rep-ms", "5", "--warmup-ms", "1", "--parity-steps", "1", "--format", "json",
+                "-o", tmp_path / "r")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)  # notes went to stderr
     speed = [r for r in rows if r["table"] == "speed"]
@@ -96,10 +97,10 @@ def test_errors_print_on_one_line():
 
 # -- 2. lean reports -----------------------------------------------------------------------------
 def test_parity_rows_are_detailed_only_for_failing_and_worst_tensors(tmp_path):
-    lean = invoke("parity", "adamw", "-w", "model-tiny", "-c", "torch-foreach", "--steps", "1", "--device", "cpu",
-                  "-o", tmp_path / "lean")
-    full = invoke("parity", "adamw", "-w", "model-tiny", "-c", "torch-foreach", "--steps", "1", "--device", "cpu",
-                  "--parity-detail", "full", "-o", tmp_path / "full")
+    lean = invoke("parity", "adamw", "-w", "model-tiny", "-m", "step", "-c", "torch-foreach", "--steps", "1",
+                  "--device", "cpu", "-o", tmp_path / "lean")
+    full = invoke("parity", "adamw", "-w", "model-tiny", "-m", "step", "-c", "torch-foreach", "--steps", "1",
+                  "--device", "cpu", "--parity-detail", "full", "-o", tmp_path / "full")
     assert lean.exit_code == 0 and full.exit_code == 0, lean.output + full.output
     lean_rows, full_rows = (pd.read_csv(tmp_path / d / "results.csv") for d in ("lean", "full"))
     every = set(full_rows[full_rows.metric == "parity_max_abs"].tensor)
@@ -427,7 +428,7 @@ def test_a_cli_value_overrides_the_suite_even_when_it_equals_the_default(tmp_pat
     config = tmp_path / "suite.toml"
     config.write_text(
         '[suite]\ndevice = "cpu"\nrounds = 2\nrep_ms = 5\nwarmup_ms = 1\n'
-        '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-forloop"]\n'
+        '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\nmodes = ["step"]\ncandidates = ["torch-forloop"]\n'
     )
     result = invoke("run", "--config", config, "--rounds", "3", "-o", tmp_path / "r")
     assert result.exit_code == 0, result.output
@@ -566,7 +567,7 @@ def test_the_workflow_uses_real_actions_and_its_cpu_part_runs(tmp_path):
     suite = tmp_path / "tiny.toml"
     suite.write_text(
         '[suite]\ndevice = "cpu"\nrep_ms = 5\nwarmup_ms = 1\nrounds = 1\n'
-        '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-forloop"]\n'
+        '[[bench]]\nop = "adamw"\nworkloads = ["tiny"]\nmodes = ["step"]\ncandidates = ["torch-forloop"]\n'
         '[[parity]]\nop = "adamw"\nworkloads = ["tiny"]\ncandidates = ["torch-foreach"]\nsteps = 1\n'
     )
     work = tmp_path / "job"

@@ -138,11 +138,23 @@ def test_replay_of_the_same_commit_compare_on_an_h100_has_no_slower(tmp_path):
     assert (table.verdict != SLOWER).all() and result.regressions.empty, table[["ratio", "low", "verdict"]]
     eager = table.loc[("muon-ns", "torch-eager")]
     assert eager.verdict == INCONCLUSIVE and eager.ratio == pytest.approx(1.58, abs=0.03) and eager.low > 1.5
-    assert "slower by the numbers, but host-bound in BASE and NEW" in eager.why and "kernelbench ab" in eager.why
-    assert "faster by the numbers, but host-bound" in table.loc[("rotary", "auto"), "why"]
+    assert "host-bound in BASE and NEW" in eager.why and "kernelbench ab" in eager.why
+    assert table.loc[("rotary", "auto"), "verdict"] == INCONCLUSIVE
+    assert "host-bound in BASE and NEW" in table.loc[("rotary", "auto"), "why"]
     assert set(table.loc[[("muon-ns", "triton-auto"), ("rmsnorm", "triton"), ("adamw", "torch-fused"),
                           ("swiglu", "triton")], "verdict"]) == {SAME}
     assert set(table.method) == {RANK_TEST}
+
+
+def test_a_host_bound_row_is_slower_only_beyond_the_host_noise(tmp_path):
+    host = "host-bound"
+    rows = {("muon-ns", "torch-eager"): (0.52, host), ("rotary", "auto"): (0.51, host)}
+    base = _report(tmp_path / "base", rows, seed=7)
+    new = _report(tmp_path / "new", {("muon-ns", "torch-eager"): (0.52 * 10, host), ("rotary", "auto"): (0.51, host)},
+                  seed=8)
+    table = compare_reports(base, new).table.set_index("candidate")
+    assert table.loc["torch-eager", "verdict"] == SLOWER and table.loc["torch-eager", "threshold"] == 1.2
+    assert table.loc["auto", "verdict"] == SAME  # within 3%: the host noise does not make it inconclusive
 
 
 def test_a_true_slowdown_beyond_the_floor_still_fails_between_two_reports(tmp_path):
