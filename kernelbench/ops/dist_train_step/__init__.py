@@ -22,6 +22,7 @@ memory and optimizer state per rank (largest rank), exposed communication, and t
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 from kernelbench.distributed.launch import launch
 from kernelbench.harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPED, Row
+from kernelbench.models.grid import BY_NAME
 
 from ..base import Requires, Workload
 from ..launched_op import DEFAULT_NPROC, LaunchedOp, nproc_option
@@ -46,11 +48,9 @@ LAUNCH_TIMEOUT_S = {"cuda": 1500.0, "cpu": 300.0}
 # The worker stops starting candidates this long before the launch's deadline, so its JSON is final.
 BUDGET_MARGIN_S = 60.0
 
-# Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocab 128256, tied head.
-LLAMA_1B = {"vocab_size": 128256, "hidden": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8,
-            "intermediate": 8192, "max_seq": 2048, "rope_theta": 500000.0, "eps": 1e-5, "tie_embeddings": True}
-LLAMA_TINY = {"vocab_size": 128, "hidden": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-              "intermediate": 128, "max_seq": 64}
+# The model grid's Llama-3.2-1B at its full 16 layers, and its toy model for CPU ranks.
+LLAMA_1B = dataclasses.asdict(dataclasses.replace(BY_NAME["llama-3.2-1b-layer4"].config, n_layers=16))
+LLAMA_TINY = dataclasses.asdict(BY_NAME["llama-tiny"].config)
 
 
 def _workload(name: str, tier: str, config: dict[str, Any], batch: int, seq: int, note: str = "") -> Workload:
