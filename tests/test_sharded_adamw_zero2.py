@@ -156,6 +156,22 @@ def _free_grads_scenarios(rank: int) -> dict:
                                        if p.grad is not None]
         plain.remove_hooks()
         freeing.remove_hooks()
+
+    # no_sync accumulation: the micro-batch grads autograd makes while the bucket is released are
+    # copied into it by the first hook outside no_sync.
+    plain_named, free_named = _params(USED), _params(USED)
+    plain = _optimizer([p for _, p in plain_named], overlap_grad_reduce=True)
+    freeing = _optimizer([p for _, p in free_named], overlap_grad_reduce=True, free_grads=True)
+    for step in range(STEPS):
+        for opt, named in ((plain, plain_named), (freeing, free_named)):
+            with opt.no_sync():
+                _loss(named, step, rank).backward()
+            _loss(named, step + STEPS, rank).backward()
+            opt.step()
+            opt.zero_grad()
+    report["bitwise"] += _differences(free_named, plain_named, "[no_sync accumulation]")
+    plain.remove_hooks()
+    freeing.remove_hooks()
     return report
 
 
