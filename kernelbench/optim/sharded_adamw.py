@@ -50,6 +50,20 @@ over its reduced shards (one launch, ``kernelbench.optim.grad_norm``), all-reduc
 then the clip coefficient folded into ``adamw_step_flat``. The updates wait for every bucket's
 reduce-scatter (the norm needs them all), so they no longer overlap the later reductions.
 
+Freeing the gradient (``free_grads=True``, ZeRO-2; needs ``overlap_grad_reduce``). Each bucket's
+reduce-scatter writes this rank's shard into a shard-sized buffer of its own; once it has completed
+(in ``step()``, or in ``zero_grad()`` for a skipped step) the full-size grad bucket (and its bf16
+copy) is released and ``p.grad`` is None, as with ZeRO-2 elsewhere: read grads before ``step()``.
+The next backward's first hook of a bucket allocates it again (zeroed) and copies the new grads in.
+With one process the whole gradient is owned, so nothing is freed.
+
+Prefetching the parameters (``prefetch_params=True``): ``step()`` returns with its all-gathers in
+flight; a forward pre-hook on every module that owns a parameter (``attach(model)`` or
+``module=``) waits for the all-gathers of that module's buckets just before its forward, so the
+next forward's first layers overlap the later buckets' gathers. ``step()``, the state dicts and
+``wait_params()`` wait for whatever is left (``zero_grad()`` touches no parameter, so does not);
+code that reads a parameter outside its module's forward must call ``wait_params()`` first.
+
 Gradient traffic in bf16 (``grad_comm_dtype=torch.bfloat16``): each bucket is cast into a bf16 copy
 that is reduce-scattered with SUM; the owned shard is upcast into the fp32 grad shard and scaled by
 1/W there. The moments, params and update stay fp32.
@@ -100,6 +114,12 @@ def _grad_ready_hook(owner: weakref.ref, bucket_index: int, position: int, param
         optimizer._grad_ready(bucket_index, position, param)
 
 
+def _params_needed_hook(owner: weakref.ref, bucket_indices: tuple[int, ...], module: Any, args: Any) -> None:
+    optimizer = owner()
+    if optimizer is not None:
+        optimizer._wait_gathers(bucket_indices)
+
+
 def _reduce_scatter_single() -> Callable[..., Any]:
     # torch 2.13 renamed reduce_scatter_tensor (now deprecated); the GPU machine runs 2.11.
     return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -131,12 +151,12 @@ class _Bucket:
     param_indices: list[int]  # positions in the optimizer's global parameter order
     offsets: list[int]
     param_flat: torch.Tensor
-    grad_flat: torch.Tensor
+    grad_flat: torch.Tensor | None  # None while released by free_grads
     param_ptrs: list[int]  # where each param's data must stay (checked at every step, host only)
-    grad_views: list[torch.Tensor]
+    grad_views: list[torch.Tensor]  # empty while released by free_grads
     shard_numel: int
     param_shard: torch.Tensor  # this rank's slice of param_flat (a view)
-    grad_shard: torch.Tensor  # this rank's slice of grad_flat (a view)
+    grad_shard: torch.Tensor  # this rank's slice of grad_flat (a view; with free_grads its own buffer)
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     step: torch.Tensor  # 0-d fp32 on the params' device; the kernel increments it
@@ -172,6 +192,12 @@ class ShardedAdamW(torch.optim.Optimizer):
         max_grad_norm: clip the averaged gradient to this global 2-norm inside ``step()`` (module
             docstring, "Clipping"); ``last_grad_norm`` is then the pre-clip norm, a 0-d fp32 device
             tensor, equal on every rank.
+        free_grads: ZeRO-2 (module docstring, "Freeing the gradient"): after ``step()`` this rank
+            holds only its shard of the gradient and ``p.grad`` is None. Needs overlap_grad_reduce.
+        prefetch_params: ``step()`` leaves the parameter all-gathers in flight and the next forward
+            waits for each bucket's just before its first module runs (module docstring,
+            "Prefetching the parameters"); needs the model: ``module=`` or ``attach(model)``.
+        module: the model whose modules own the params, for prefetch_params (see ``attach``).
 
     Construction is collective (every rank must build it) and checks that the ranks agree on the
     parameter list; ``step()`` and ``consolidated_state_dict()`` are collective too. The params
@@ -196,6 +222,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         overlap_grad_reduce: bool = False,
         grad_comm_dtype: torch.dtype | None = None,
         max_grad_norm: float | None = None,
+        free_grads: bool = False,
+        prefetch_params: bool = False,
+        module: torch.nn.Module | None = None,
     ) -> None:
         from kernelbench.optim.grad_norm import check_max_grad_norm
 
@@ -227,6 +256,14 @@ class ShardedAdamW(torch.optim.Optimizer):
                 f"grad_hook); this is torch {torch.__version__}. Pass overlap_grad_reduce=False"
             )
 
+        if free_grads and not overlap_grad_reduce:
+            raise ValueError(
+                "ShardedAdamW: free_grads=True needs overlap_grad_reduce=True (the backward's hooks "
+                "allocate the freed gradient bucket again); pass both or neither"
+            )
+        if module is not None and not prefetch_params:
+            raise ValueError("ShardedAdamW: module= is for prefetch_params=True; pass both or neither")
+
         self._constructing = True
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize)
         super().__init__(params, defaults)
@@ -240,6 +277,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         self.bucket_bytes = bucket_bytes
         self.overlap_grad_reduce = bool(overlap_grad_reduce)
         self.grad_comm_dtype = None if grad_comm_dtype == torch.float32 else grad_comm_dtype
+        self._comm_cast = self.grad_comm_dtype is not None and self.world_size > 1
+        self.free_grads = bool(free_grads) and self.world_size > 1  # one process owns the whole gradient
+        self.prefetch_params = bool(prefetch_params)
         if gather_group is not None and (
             process_group is None
             or dist.get_world_size(gather_group) != self.world_size
@@ -271,6 +311,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._shard_table: Any = None
         if self.overlap_grad_reduce:
             self._check_not_hooked(all_params)
+        if module is not None:
+            self._check_owned(module, all_params)  # before the params move into the buckets
         self._buckets = self._build_buckets()
         for b in self._buckets:
             # Registered in self.state (keyed by the shard view) so that tools which sum the
@@ -287,6 +329,11 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._hook_handles: list[Any] = []
         if self.overlap_grad_reduce:
             self._register_hooks()
+        self._gathers: dict[int, Any] = {}  # bucket index -> its all-gather's work, left by a prefetching step
+        self._forward_handles: list[Any] = []
+        self._attached = False
+        if module is not None:
+            self.attach(module)
 
     # -- construction ---------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -437,8 +484,10 @@ class ShardedAdamW(torch.optim.Optimizer):
             grad_views.append(gv)
         lo, hi = self.rank * shard, (self.rank + 1) * shard
         comm_flat = None
-        if self.grad_comm_dtype is not None and self.world_size > 1:
+        if self._comm_cast and not self.free_grads:  # with free_grads made per step, like grad_flat
             comm_flat = torch.zeros(total, dtype=self.grad_comm_dtype, device=self.device)
+        # With free_grads the reduce-scatter writes the owned shard here, so grad_flat can go.
+        grad_shard = torch.zeros(shard, device=self.device) if self.free_grads else grad_flat[lo:hi]
         return _Bucket(
             index=index,
             group_index=group_index,
@@ -452,7 +501,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             grad_views=grad_views,
             shard_numel=shard,
             param_shard=param_flat[lo:hi],
-            grad_shard=grad_flat[lo:hi],
+            grad_shard=grad_shard,
             exp_avg=torch.zeros(shard, dtype=torch.float32, device=self.device),
             exp_avg_sq=torch.zeros(shard, dtype=torch.float32, device=self.device),
             step=torch.zeros((), dtype=torch.float32, device=self.device),
@@ -467,6 +516,11 @@ class ShardedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.prefetch_params and not self._attached:
+            raise RuntimeError(
+                "ShardedAdamW: prefetch_params=True needs the model, whose forward waits for the "
+                "parameter all-gathers: call optimizer.attach(model) (or pass module=model) before step()"
+            )
         self._run(collect=True, communicate=True, update=True)
         return loss
 
@@ -485,9 +539,15 @@ class ShardedAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the gradient buckets in place, whatever ``set_to_none`` says: the grads are views
         into the buckets and stay so, which lets backward accumulate straight into them. Reductions
-        launched by a backward whose step was skipped are waited for and dropped."""
+        launched by a backward whose step was skipped are waited for and dropped. With free_grads
+        the buckets are released instead and every ``p.grad`` is None. It does not wait for
+        prefetched all-gathers: it touches no parameter, and the next forward would wait behind them."""
         self._drop_round()
         for b in self._buckets:
+            if self.free_grads:
+                self._release_grads(b)
+                continue
+            assert b.grad_flat is not None
             b.grad_flat.zero_()
             for p, gv in zip(b.params, b.grad_views):
                 p.grad = gv
@@ -514,6 +574,51 @@ class ShardedAdamW(torch.optim.Optimizer):
                 if _HOOKED_PARAMS.get(p) is not None and _HOOKED_PARAMS[p]() is self:
                     del _HOOKED_PARAMS[p]
         self.overlap_grad_reduce = False
+
+    # -- prefetch: the next forward waits for the parameter all-gathers ---------------------------
+    def attach(self, module: torch.nn.Module) -> None:
+        """Registers a forward pre-hook on every module of ``module`` that directly owns one of the
+        optimizer's params (tied params: on each owner), which waits for those params' all-gathers
+        (prefetch_params). Every param must belong to some module of ``module``. Calling it again
+        replaces the hooks."""
+        if not self.prefetch_params:
+            raise ValueError("ShardedAdamW: attach() is for prefetch_params=True")
+        self._check_owned(module, [p for b in self._buckets for p in b.params])
+        bucket_of = {id(p): b.index for b in self._buckets for p in b.params}
+        plan = []
+        for m in module.modules():
+            indices = sorted({bucket_of[id(p)] for p in m.parameters(recurse=False) if id(p) in bucket_of})
+            if indices:
+                plan.append((m, tuple(indices)))
+        for handle in self._forward_handles:
+            handle.remove()
+        owner = weakref.ref(self)
+        self._forward_handles = [
+            m.register_forward_pre_hook(functools.partial(_params_needed_hook, owner, indices))
+            for m, indices in plan
+        ]
+        self._attached = True
+
+    def _check_owned(self, module: torch.nn.Module, params: list[torch.Tensor]) -> None:
+        owned = {id(p) for p in module.parameters()}
+        for i, p in enumerate(params):
+            if id(p) not in owned:
+                raise ValueError(
+                    f"ShardedAdamW: {self._param_name(i)} is not a parameter of any module of the attached "
+                    "model, so no forward would wait for its all-gather; attach the model that owns "
+                    "every param given to the optimizer"
+                )
+
+    def wait_params(self) -> None:
+        """Waits for every parameter all-gather a prefetching ``step()`` left in flight (with NCCL
+        a stream wait); afterwards every parameter holds its updated value."""
+        self._wait_gathers(sorted(self._gathers))
+
+    def _wait_gathers(self, bucket_indices: Iterable[int]) -> None:
+        for index in bucket_indices:
+            work = self._gathers.pop(index, None)
+            if work is not None:
+                self._wait(work, "all-gather", self._buckets[index])
 
     # -- overlap: hooks launch the reductions during the backward -------------------------------
     def _check_not_hooked(self, params: list[torch.Tensor]) -> None:
@@ -560,6 +665,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             self._next_launch += 1
 
     def _adopt_grad(self, b: _Bucket, position: int) -> None:
+        self._allocate_grads(b)
         p, gv = b.params[position], b.grad_views[position]
         self._check_home(p, b.param_ptrs[position], b.param_indices[position])
         g = p.grad
@@ -591,12 +697,28 @@ class ShardedAdamW(torch.optim.Optimizer):
                 "the optimizer after moving or converting the model"
             )
 
+    def _allocate_grads(self, b: _Bucket) -> None:
+        """Gives a bucket released by free_grads its full grad buffer again, zeroed (the padding
+        must stay zero; params without a grad are zeroed anyway)."""
+        if b.grad_flat is not None:
+            return
+        b.grad_flat = torch.zeros(b.param_flat.numel(), dtype=torch.float32, device=self.device)
+        b.grad_views = [b.grad_flat[o : o + p.numel()].view(p.shape) for p, o in zip(b.params, b.offsets)]
+
+    def _release_grads(self, b: _Bucket) -> None:
+        """free_grads: drops every reference to the full grad bucket (and its bf16 copy), so the
+        memory goes back to the allocator; the owned shard lives on in ``b.grad_shard``."""
+        b.grad_flat, b.grad_views, b.comm_flat, b.comm_shard = None, [], None, None
+        for p in b.params:
+            p.grad = None
+
     def _collect_grads(self, b: _Bucket) -> None:
         """Makes bucket ``b``'s grad buffer hold the params' grads. Host-side pointer checks only
         (no device sync); a grad that is not the bucket's view (a new tensor, or None) is copied in
         (zeroed) with one foreach launch and the view put back in its place. Done bucket by bucket
         just before that bucket's reduce-scatter, so the checks of bucket b+1 overlap the
         communication of bucket b."""
+        self._allocate_grads(b)
         copy_dst, copy_src, zero = [], [], []
         for p, ptr, gv, i in zip(b.params, b.param_ptrs, b.grad_views, b.param_indices):
             self._check_home(p, ptr, i)
@@ -615,6 +737,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             torch._foreach_zero_(zero)
 
     def _run(self, *, collect: bool, communicate: bool, update: bool) -> None:
+        self.wait_params()
         clipping = update and self.max_grad_norm is not None
         if self.world_size == 1 or not communicate:
             self._drop_round()
@@ -647,25 +770,38 @@ class ShardedAdamW(torch.optim.Optimizer):
                 b = self._buckets[index]
                 self._wait(reductions[index], "reduce-scatter", b)
                 self._finish_reduce(b)
+                if self.free_grads:
+                    self._release_grads(b)
             clip = self._clip_coefficient(reduce=True)
         for index in order:
             b = self._buckets[index]
             if not clipping:
                 self._wait(reductions[index], "reduce-scatter", b)
                 self._finish_reduce(b)
+                if self.free_grads:
+                    self._release_grads(b)
             if update:
                 self._update(b, clip)
             gathers.append((b, self._start_all_gather(b)))
+        if self.prefetch_params:
+            self._gathers = {b.index: work for b, work in gathers}
+            return
         for b, work in gathers:
             self._wait(work, "all-gather", b)
 
     def _finish_reduce(self, b: _Bucket) -> None:
         """Turns the reduced shard into the averaged fp32 gradient in ``b.grad_shard``."""
-        if b.comm_shard is not None:
+        if self._comm_cast:
+            assert b.comm_shard is not None
             # Rounded to bf16: each rank's grad (the cast before sending) and the sum over the ranks
             # (the collective stores bf16 after each addition: once for 2 ranks). Exact: the
             # upcast. In fp32: the 1/W scale, the moments and the update.
             b.grad_shard.copy_(b.comm_shard)
+            b.grad_shard.mul_(1.0 / self.world_size)
+        elif self.free_grads and self.comm == "all-reduce":
+            assert b.grad_flat is not None  # the all-reduce left the sum in the full bucket
+            lo = self.rank * b.shard_numel
+            b.grad_shard.copy_(b.grad_flat[lo : lo + b.shard_numel])
             b.grad_shard.mul_(1.0 / self.world_size)
         elif self.comm != "reduce-scatter-avg":
             b.grad_shard.mul_(1.0 / self.world_size)
@@ -702,8 +838,15 @@ class ShardedAdamW(torch.optim.Optimizer):
     def _start_reduce_scatter(self, b: _Bucket) -> Any:
         if self.world_size == 1:
             return None  # a single process: the grads are already the average
+        self._allocate_grads(b)
+        assert b.grad_flat is not None
         flat, shard, op = b.grad_flat, b.grad_shard, dist.ReduceOp.SUM
-        if b.comm_flat is not None:
+        if self._comm_cast:
+            if b.comm_flat is None:  # free_grads released it with the grad bucket
+                b.comm_flat = torch.empty_like(b.grad_flat, dtype=self.grad_comm_dtype)
+                lo = self.rank * b.shard_numel
+                b.comm_shard = b.comm_flat[lo : lo + b.shard_numel]
+            assert b.comm_shard is not None
             b.comm_flat.copy_(b.grad_flat)
             flat, shard = b.comm_flat, b.comm_shard
         elif self.comm == "reduce-scatter-avg":
@@ -759,6 +902,7 @@ class ShardedAdamW(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """This rank's shards. Loadable only by a ShardedAdamW with the same world size, rank and
         bucket layout; use ``consolidated_state_dict`` for a portable checkpoint."""
+        self.wait_params()
         return {
             "format": PER_RANK_FORMAT,
             "state": {
@@ -775,6 +919,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         extra device memory: two buckets."""
         if not 0 <= to_rank < self.world_size:
             raise ValueError(f"ShardedAdamW: to_rank {to_rank} is not a rank of a group of {self.world_size}")
+        self.wait_params()
         state: dict[int, dict[str, torch.Tensor]] = {}
         for b in self._buckets:
             full = {name: self._gather_full(b, getattr(b, name)) for name in ("exp_avg", "exp_avg_sq")}
@@ -808,6 +953,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         """Loads this rank's own ``state_dict()`` (same world size, rank and layout), or a
         torch.optim.AdamW-format dict (from ``consolidated_state_dict`` or from torch.optim.AdamW
         itself; every rank passes the full dict, any world size)."""
+        self.wait_params()
         groups = state_dict.get("param_groups")
         if not isinstance(groups, list) or "state" not in state_dict:
             raise ValueError("ShardedAdamW: a state dict needs 'state' and 'param_groups' keys")
