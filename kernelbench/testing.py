@@ -83,7 +83,7 @@ def assert_parity(op: str | Op, candidate: str | Candidate | Callable[..., Any],
     chosen = [resolve_workload(the_op, w) for w in names] if names else the_op.workloads_for("cpu")
     if not chosen:
         raise ValueError(f"op '{the_op.name}' has no CPU-sized workload: pass workloads=[...]")
-    modes = list(modes or the_op.modes())
+    modes = list(modes or the_op.default_modes())
     for mode in modes:
         if mode not in the_op.modes():
             raise ValueError(f"op '{the_op.name}' has no mode '{mode}'; modes: {', '.join(the_op.modes())}")

@@ -419,6 +419,10 @@ class Op(abc.ABC):
     def modes(self) -> tuple[str, ...]:
         return ("step",)
 
+    def default_modes(self) -> tuple[str, ...]:
+        """The modes a run times when none is asked for (``-m`` picks any of ``modes()``)."""
+        return self.modes()
+
     @abc.abstractmethod
     def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str) -> Case:
         """The case that runs ``candidate`` on ``workload``."""

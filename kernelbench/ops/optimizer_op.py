@@ -95,6 +95,10 @@ class OptimizerOp(Op):
     def modes(self) -> tuple[str, ...]:
         return ("step",) if self.clip_max_norm is None else ("step", "clipped-step")
 
+    def default_modes(self) -> tuple[str, ...]:
+        # clipped-step is asked for (-m clipped-step, a suite's modes): a plain run stays the step alone.
+        return ("step",)
+
     def make_case(self, candidate: Candidate, workload: Workload, device: str, mode: str = "step") -> OptimizerCase:
         if mode not in self.modes():
             raise ValueError(f"op {self.name} has no mode {mode}; modes: {', '.join(self.modes())}")

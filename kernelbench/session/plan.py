@@ -124,7 +124,7 @@ def plan(entries: Sequence[Entry], device: str, seed: int) -> list[PlanItem]:
         workloads = entry_workloads(op, e, device)
         if seed:
             workloads = [dataclasses.replace(w, seed=w.seed + seed) for w in workloads]
-        modes = e.modes or list(op.modes())
+        modes = e.modes or list(op.default_modes())
         for mode in modes:
             if mode not in op.modes():
                 raise UsageError(f"op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
