@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .base import Op, Requires, Tolerance, Workload, torch_dtype
-from .model_step import compile_step, step_tokens, tokens_per_s_row
+from .model_step import compile_step, gradients, step_tokens, tokens_per_s_row
 
 if TYPE_CHECKING:
     import torch
@@ -160,11 +160,7 @@ class HFStepCase:
     def tensors(self) -> dict[str, torch.Tensor]:
         if self.logits is None:
             raise RuntimeError("tensors() before run()")
-        result = {"logits": self.logits.detach()}
-        for name, p in self.model.named_parameters():
-            if p.grad is not None:
-                result[f"grad.{name}"] = p.grad
-        return result
+        return {"logits": self.logits.detach(), **gradients(self.model)}
 
     def state_bytes(self) -> None:
         return None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from ..models.config import LlamaConfig
 from ..models.grid import GRID, SPEC_FORM, GridModel, fit_seq, is_model_spec, model_config, parse_tokens
 from .base import Candidate, Op, Requires, Tolerance, UsageError, Workload, torch_dtype
-from .model_step import compile_step, step_tokens, tokens_per_s_row
+from .model_step import compile_step, gradients, step_tokens, tokens_per_s_row
 from .shapes import CUSTOM_TIER
 
 if TYPE_CHECKING:
@@ -272,10 +272,7 @@ class LlamaStepCase:
         result = {"loss": self.loss.detach().to(self.model.lm_head.weight.dtype)}
         if self.logits is not None:
             result["logits"] = self.logits.detach()
-        for name, p in self.model.named_parameters():
-            if p.grad is not None:
-                result[f"grad.{name}"] = p.grad
-        return result
+        return {**result, **gradients(self.model)}
 
     def state_bytes(self) -> None:
         return None

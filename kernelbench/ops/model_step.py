@@ -44,5 +44,10 @@ def compile_step(step: Callable, device: str, fullgraph: bool = True, mode: str 
                          **options)
 
 
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, named ``grad.<parameter name>``, as the parity check compares them."""
+    return {f"grad.{name}": p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
 def tokens_per_s_row(tokens: int, median_ms: float) -> tuple[str, float, str, str]:
     return ("tokens_per_s", tokens / (median_ms * 1e-3), "tok/s", f"{tokens} tokens per step / median step time")
