@@ -14,53 +14,27 @@ import weakref
 import pytest
 import torch
 
+# The toy model, its losses and the training loop: the overlap tests' (one definition).
+from test_sharded_adamw_overlap import (
+    BUCKET_BYTES,
+    LR,
+    STEPS,
+    USED,
+    WEIGHT_DECAY,
+    WITH_UNUSED,
+    _differences,
+    _loss,
+    _params,
+    _train,
+)
+
 from kernelbench.distributed.spawn import run_ranks
-
-LR, WEIGHT_DECAY, STEPS = 1e-3, 0.05, 4
-# 128 elements a bucket: (w0, b0), (w1, b1), (w2, unused), (rank1_only) with the unused params;
-# (w0, b0), (w1, b1), (w2) without.
-BUCKET_BYTES = 512
-USED = [("w0", (6, 5)), ("b0", (6,)), ("w1", (7, 6)), ("b1", (7,)), ("w2", (3, 7))]
-WITH_UNUSED = [*USED, ("unused", (5,)), ("rank1_only", (3,))]
-
-
-def _params(shapes) -> list[tuple[str, torch.nn.Parameter]]:
-    gen = torch.Generator().manual_seed(0)
-    return [(name, torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.3)) for name, shape in shapes]
-
-
-def _loss(named, step: int, rank: int) -> torch.Tensor:
-    """A 3-layer MLP in order of the params; ``rank1_only`` joins the output on rank 1 only."""
-    p = dict(named)
-    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(100 * step + rank))
-    h = torch.tanh(x @ p["w0"].T + p["b0"])
-    h = torch.tanh(h @ p["w1"].T + p["b1"])
-    out = h @ p["w2"].T
-    if rank == 1 and "rank1_only" in p:
-        out = out + p["rank1_only"]
-    return (out**2).mean()
 
 
 def _optimizer(params, **kwargs):
     from kernelbench.optim import ShardedAdamW
 
     return ShardedAdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, bucket_bytes=BUCKET_BYTES, **kwargs)
-
-
-def _train(opt, named, rank: int) -> None:
-    for step in range(STEPS):
-        _loss(named, step, rank).backward()
-        opt.step()
-        if step % 2:
-            opt.zero_grad()
-        else:
-            for _, p in named:
-                p.grad = None
-
-
-def _differences(named, other, tag: str) -> list[str]:
-    return [f"{tag}: {n} differs ({(p - q).abs().max().item():.3g})" for (n, p), (_, q) in zip(named, other)
-            if not torch.equal(p, q)]
 
 
 def _full_size_held(opt) -> list[str]:
