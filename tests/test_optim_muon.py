@@ -115,6 +115,8 @@ def test_groups_and_bad_hyperparameters():
         Muon(muon_param_groups(params), ns_steps=0)
     with pytest.raises(TypeError, match="unknown hyperparameters"):
         Muon(muon_param_groups(params), betas=(0.9, 0.99))
+    with pytest.raises(ValueError, match="ns_graph must be True or False; got 'yes'"):
+        Muon(muon_param_groups(params), ns_graph="yes")
 
 
 def test_registered_candidate_matches_reference_on_cpu_workload():
@@ -144,7 +146,7 @@ def test_workspace_bytes_count_the_graph_buffers_of_its_own_shapes(monkeypatch):
 
     gen = torch.Generator().manual_seed(3)
     params = [torch.nn.Parameter(torch.randn(8, 16, generator=gen)) for _ in range(2)]
-    opt = Muon([{"params": params, "use_muon": True}], ns_path="torch")
+    opt = Muon([{"params": params, "use_muon": True}], ns_path="torch", ns_graph=True)
     for p in params:
         p.grad = torch.randn(8, 16, generator=gen)
     opt.step()
@@ -157,3 +159,42 @@ def test_workspace_bytes_count_the_graph_buffers_of_its_own_shapes(monkeypatch):
     monkeypatch.setitem(routing._GRAPHS, key, FakeCall())
     monkeypatch.setitem(routing._GRAPHS, key[:3] + ((3, 8, 16),) + key[4:], FakeCall())  # another shape
     assert opt.workspace_bytes() == 1000 and optimizer_state_bytes(opt) == 2 * 8 * 16 * 4 + 1000
+
+
+@pytest.mark.parametrize("ns_graph, passed", [(False, False), (True, None)])
+def test_newton_schulz_graphs_only_when_asked(monkeypatch, ns_graph, passed):
+    """By default no call may replay a CUDA graph (whose static input and output would stay
+    allocated between steps); ns_graph=True leaves the choice to the route."""
+    import kernelbench.optim.muon as muon_module
+
+    seen = []
+    real = muon_module.newton_schulz
+
+    def recording(G, steps, **kwargs):
+        seen.append(kwargs.get("graph", "not given"))
+        return real(G, steps, **kwargs)
+
+    monkeypatch.setattr(muon_module, "newton_schulz", recording)
+    params = make_params()
+    opt = Muon(muon_param_groups(params), ns_graph=ns_graph)
+    grads_for(params, 0)
+    opt.step()
+    assert seen and all(g is passed for g in seen), seen
+    if not ns_graph:
+        assert opt.workspace_bytes() == 0
+
+
+def test_a_state_dict_without_ns_graph_loads_with_the_default():
+    params = make_params()
+    opt = Muon(muon_param_groups(params))
+    grads_for(params, 0)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    for group in saved["param_groups"]:
+        del group["ns_graph"]  # as written before the option existed
+    params2 = make_params()
+    opt2 = Muon(muon_param_groups(params2))
+    opt2.load_state_dict(saved)
+    assert all(group["ns_graph"] is False for group in opt2.param_groups)
+    grads_for(params2, 1)
+    opt2.step()  # the loaded groups step

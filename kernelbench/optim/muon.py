@@ -45,7 +45,8 @@ from kernelbench.newton_schulz import graph_static_bytes, newton_schulz, newton_
 from ._sharding import check_like_param, is_dtensor, local_tensor, row_shard
 
 _MUON_DEFAULTS = dict(
-    lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5, ns_path="auto", use_muon=True,
+    lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5, ns_path="auto", ns_graph=False,
+    use_muon=True,
     adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0,
 )
 
@@ -92,6 +93,8 @@ class _MuonBase(torch.optim.Optimizer, abc.ABC):
             raise ValueError(f"{type(self).__name__}: momentum must be in [0, 1); got {group['momentum']!r}")
         if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
             raise ValueError(f"{type(self).__name__}: ns_steps must be an int >= 1; got {group['ns_steps']!r}")
+        if not isinstance(group["ns_graph"], bool):
+            raise ValueError(f"{type(self).__name__}: ns_graph must be True or False; got {group['ns_graph']!r}")
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -101,6 +104,9 @@ class _MuonBase(torch.optim.Optimizer, abc.ABC):
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # groups saved before a hyperparameter existed take its default
+            for key, value in _MUON_DEFAULTS.items():
+                group.setdefault(key, value)
         # torch keeps a loaded 'step' tensor as given (shared with the source's state); AdamW
         # increments it in place, so each optimizer gets its own copy.
         for state in self.state.values():
@@ -150,8 +156,14 @@ class Muon(_MuonBase):
     """Muon with kernelbench's Newton-Schulz kernels (see the module docstring).
 
     Groups take ``lr``, ``momentum``, ``nesterov``, ``weight_decay``, ``ns_steps``, ``ns_path``
-    (``"auto"``, ``"classic"``, ``"hopper"``, ``"torch"``), ``use_muon`` and, for the AdamW side,
-    ``adamw_lr``, ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
+    (``"auto"``, ``"classic"``, ``"hopper"``, ``"torch"``), ``ns_graph``, ``use_muon`` and, for the
+    AdamW side, ``adamw_lr``, ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
+
+    ``ns_graph=True`` replays a CUDA graph of each Newton-Schulz call where the route picks one
+    (small matrices, where the call's 17 launches cost more than its GEMMs): a faster step, but
+    each graph keeps its fp32 input and output allocated between steps, 8 bytes per Muon
+    parameter beside the 4 of its momentum (``workspace_bytes()``). The default, False, keeps
+    nothing beyond the momentum: the state of the plain PyTorch algorithm.
     ``muon_param_groups(model.named_parameters())`` makes the usual split.
     ``adamw_backend`` names the AdamW used ("TritonAdamW" or "torch.optim.AdamW").
     """
@@ -165,7 +177,8 @@ class Muon(_MuonBase):
 
     def workspace_bytes(self) -> int:
         """Bytes held between steps beyond ``state``: the static input, output and norm of the
-        CUDA graphs that replay this optimizer's Newton-Schulz calls (none off CUDA). The graphs'
+        CUDA graphs that replay this optimizer's Newton-Schulz calls (none off CUDA, none unless
+        ``ns_graph=True``). The graphs'
         bf16 work matrices live in a pool shared by every shape, freed between replays."""
         return sum(graph_static_bytes(*call) for call in self._ns_calls)
 
@@ -223,8 +236,11 @@ class Muon(_MuonBase):
                 grad = torch.stack([p.grad for p in params])
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp_(buf, momentum) if group["nesterov"] else buf
-                ortho = newton_schulz(update, group["ns_steps"], path=group["ns_path"], check_finite=False)
-                self._ns_calls.add((tuple(update.shape), update.dtype, update.device))
+                graph = None if group["ns_graph"] else False  # None: the route's choice
+                ortho = newton_schulz(update, group["ns_steps"], path=group["ns_path"], check_finite=False,
+                                      graph=graph)
+                if group["ns_graph"]:
+                    self._ns_calls.add((tuple(update.shape), update.dtype, update.device))
                 if group["weight_decay"]:
                     torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-lr * update_scale(shape))
@@ -256,7 +272,8 @@ class Muon(_MuonBase):
         grads = [local_tensor(p.grad) for p in params]
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
-        ortho = orthogonalize_sharded(updates, shards, group["ns_steps"], group["ns_path"])
+        ortho = orthogonalize_sharded(updates, shards, group["ns_steps"], group["ns_path"],
+                                      graph=None if group["ns_graph"] else False)
         local_params = [local_tensor(p) for p in params]
         if group["weight_decay"]:
             torch._foreach_mul_(local_params, 1 - lr * group["weight_decay"])
@@ -279,7 +296,8 @@ def owners(shapes: list[tuple[int, int]], world: int) -> list[int]:
     return owner
 
 
-def orthogonalize_sharded(updates: list[torch.Tensor], shards: list, steps: int, path: str) -> list[torch.Tensor]:
+def orthogonalize_sharded(updates: list[torch.Tensor], shards: list, steps: int, path: str,
+                          graph: bool | None = False) -> list[torch.Tensor]:
     """Newton-Schulz of whole matrices whose rows are spread over a process group; returns each
     rank's rows of every result. ``updates[i]`` are this rank's rows of matrix i, ``shards[i]``
     its RowShard. Two all-to-alls; each rank orthogonalises the matrices ``owners`` gives it."""
@@ -287,7 +305,7 @@ def orthogonalize_sharded(updates: list[torch.Tensor], shards: list, steps: int,
 
     group, world, rank = shards[0].group, shards[0].world, shards[0].index
     if group is None or world == 1:  # every rank holds whole matrices
-        return _orthogonalize_batched(updates, steps, path)
+        return _orthogonalize_batched(updates, steps, path, graph)
     shapes = [tuple(s.global_shape) for s in shards]
     owner = owners(shapes, world)
     per = [-(-rows // world) * cols for rows, cols in shapes]  # elements of one padded row chunk
@@ -313,7 +331,7 @@ def orthogonalize_sharded(updates: list[torch.Tensor], shards: list, steps: int,
         rows, cols = shapes[i]
         whole.append(chunks[:, at:at + per[i]].reshape(-1, cols)[:rows])
         at += per[i]
-    results = _orthogonalize_batched(whole, steps, path)
+    results = _orthogonalize_batched(whole, steps, path, graph)
     # Back: rank d gets its padded chunk of every matrix this rank owns, then sends its own.
     back = torch.zeros(world, recv_sizes[0], dtype=dtype, device=device)
     at = 0
@@ -334,7 +352,8 @@ def orthogonalize_sharded(updates: list[torch.Tensor], shards: list, steps: int,
     return out
 
 
-def _orthogonalize_batched(matrices: list[torch.Tensor], steps: int, path: str) -> list[torch.Tensor]:
+def _orthogonalize_batched(matrices: list[torch.Tensor], steps: int, path: str,
+                           graph: bool | None = False) -> list[torch.Tensor]:
     """Newton-Schulz of each matrix, those of one shape and dtype in one batched call."""
     results: list[torch.Tensor | None] = [None] * len(matrices)
     by_shape: dict[tuple, list[int]] = {}
@@ -342,7 +361,7 @@ def _orthogonalize_batched(matrices: list[torch.Tensor], steps: int, path: str) 
         by_shape.setdefault((tuple(m.shape), m.dtype), []).append(i)
     for indices in by_shape.values():
         stacked = torch.stack([matrices[i] for i in indices])
-        ortho = newton_schulz(stacked, steps, path=path, check_finite=False)
+        ortho = newton_schulz(stacked, steps, path=path, check_finite=False, graph=graph)
         for i, o in zip(indices, ortho.unbind(0)):
             results[i] = o
     return results
