@@ -12,13 +12,13 @@
 # source folder, e.g. PYTHONPATH=$PWD/examples/my_rmsnorm/src, loaded with --plugin my_rmsnorm.plugin).
 set -uo pipefail
 OUT=${OUT:-/tmp/kb-out}
-WORK=/tmp/kb
+WORK=${KB_WORK:-/tmp/kb}  # one per concurrent call (each on its own GPUs: CUDA_VISIBLE_DEVICES)
 rm -rf "$WORK/reports" "$WORK/logs"  # a machine kept warm would otherwise pack an earlier call's files
 mkdir -p "$OUT" "$WORK/reports" "$WORK/logs"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" .whl/*.whl \
+    && export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
