@@ -8,7 +8,7 @@ from kernelbench.newton_schulz import clear_graph_cache
 from kernelbench.optim.muon import Muon, MuonReference, muon_param_groups
 from kernelbench.train import optimizer_state_bytes
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def _held_after_steps(cls, steps: int = 3, **hyper):
