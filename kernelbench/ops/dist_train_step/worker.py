@@ -248,9 +248,20 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    phases: dict[str, float] = {}  # seconds per phase of this round: where a slow round spends its time
+    mark = time.monotonic()
+
+    def lap(phase: str) -> None:
+        nonlocal mark
+        _sync(device)
+        now = time.monotonic()
+        phases[phase] = round(now - mark, 3)
+        mark = now
+
     trainer = OP.get_candidate(name).build(setup)
     if isinstance(trainer, str):
         return {"skipped": trainer}
+    lap("build")
     out: dict[str, Any] = {"what": trainer.what, "clipping": trainer.clipping,
                            "comm_free_how": trainer.comm_free_how, "comm_free_reason": trainer.comm_free_reason}
     if first_round:
@@ -258,6 +269,7 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
         for _ in range(trainer.warmup_iterations):  # no update happens in these (torch's ZeRO overlap)
             trainer.run(tokens, targets)
         out["losses"] = [float(trainer.run(tokens, targets)) for _ in range(CHECK_STEPS)]
+        lap("loss_check")
     tokens, targets = _tokens(workload, device, rank, salt=2)
     fixed = args.warmup_steps is not None and args.reps is not None
     done = 0
@@ -273,6 +285,7 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
     warm, reps = step_counts(args, est.get(name), trainer.warmup_iterations)
     for _ in range(max(0, warm - done)):
         trainer.run(tokens, targets)
+    lap("warmup")
     timer = RankTimer(device, ["step", "comm_free"])
     step = functools.partial(trainer.run, tokens, targets)
     for _ in range(reps):
@@ -283,8 +296,9 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
             timer.rep("comm_free", quiet_step, record=False)
         for _ in range(reps):
             timer.rep("comm_free", quiet_step, record=True)
+    lap("timed")
     times = timer.results_ms()
-    out.update(step_ms=times["step"], comm_free_ms=times["comm_free"], timing=timer.describe(),
+    out.update(phase_s=phases, step_ms=times["step"], comm_free_ms=times["comm_free"], timing=timer.describe(),
                state_bytes=trainer.state_bytes())
     out["peak_bytes"] = None if before is None else torch.cuda.max_memory_allocated(device) - before
     del trainer, timer, step
@@ -368,6 +382,7 @@ def _merge(entry: dict[str, Any], gathered: list[dict[str, Any]], round_index: i
         if g["peak_bytes"] is not None:
             entry["peak_bytes"][i] = max(entry["peak_bytes"][i] or 0, g["peak_bytes"])
     entry["state_bytes"] = [g["state_bytes"] for g in gathered]
+    entry.setdefault("phase_s", []).append(gathered[0].get("phase_s", {}))  # rank 0's, per round
     if "losses" in gathered[0]:
         entry["losses"] = [g["losses"] for g in gathered]
     entry["rounds_done"] = round_index + 1
