@@ -137,3 +137,20 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
     phases = written["candidates"][BASELINE]["phase_s"]  # where each round's time went, per round
     assert len(phases) == 1 and {"build", "loss_check", "warmup", "timed"} <= set(phases[0])
     assert all(seconds >= 0 for seconds in phases[0].values())
+
+
+def test_candidates_chosen_with_c_are_the_only_ones_the_ranks_run(tmp_path):
+    result = invoke("run", "dist-train-step", "--nproc", "2", "--device", "cpu", "-c", "sharded-adamw",
+                    "-c", BASELINE, "--output-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "dist-train-step-llama-tiny-1x32.json").read_text())
+    assert list(written["candidates"]) == [BASELINE, "sharded-adamw"]  # the op's order: the anchor first
+    rows = pd.read_csv(tmp_path / "results.csv")
+    assert set(rows.candidate) == {BASELINE, "sharded-adamw"}
+
+
+def test_an_unknown_candidate_is_refused_before_any_rank_starts(tmp_path):
+    result = invoke("run", "dist-train-step", "--nproc", "2", "--device", "cpu", "-c", "no-such",
+                    "--output-dir", tmp_path)
+    assert result.exit_code == 2 and "no-such" in result.output
+    assert not (tmp_path / "dist-train-step-llama-tiny-1x32.json").exists()

@@ -56,6 +56,9 @@ class Session:
         op_settings = {op.name: op.settings(device, {k: v for k, v in request.op_options.items() if k in op.options},
                                           request.timing)
                        for op, _ in launches}
+        for entry in launched:  # -c, where a launched op takes it (its ranks run only those)
+            if entry.candidates and "-c/--candidate" in get_op(entry.op).takes:
+                op_settings[entry.op]["candidates"] = [c for c in get_op(entry.op).candidates if c in entry.candidates]
         recorded = dict(request.recorded)
         if bench_plan:
             recorded.update(request.timing.as_dict())

@@ -66,8 +66,8 @@ WORKLOADS = [
 
 class DistTrainStepOp(LaunchedOp):
     # The harness's timing options set the rounds and reps of the worker (CUDA ranks).
-    takes = ("-w/--workload", "--rounds", "--warmup-ms", "--rep-ms")
-    takes_shown = ("-w", "--rounds", "--warmup-ms", "--rep-ms", "--device", "-o", "--format")
+    takes = ("-c/--candidate", "-w/--workload", "--rounds", "--warmup-ms", "--rep-ms")
+    takes_shown = ("-c", "-w", "--rounds", "--warmup-ms", "--rep-ms", "--device", "-o", "--format")
 
     def settings(self, device: str, given: Mapping[str, Any], timing=None) -> dict[str, Any]:
         from kernelbench.harness.settings import DEFAULT_TIMING
@@ -179,6 +179,8 @@ def launch_workload(settings: Mapping[str, Any], workload: str, output: Path, *,
     args = ["--workload", workload, "--budget-s", max(1.0, timeout_s - BUDGET_MARGIN_S)]
     for key, value in worker_plan(settings, cpu).items():
         args += [f"--{key.replace('_', '-')}", value]
+    if settings.get("candidates"):  # -c: these only (a whole run of every candidate may outlast a call)
+        args += ["--candidates", ",".join(settings["candidates"])]
     return launch(WORKER, nproc, [str(a) for a in args], output, timeout_s=timeout_s, cpu=cpu, name=OP.name)
 
 
