@@ -127,8 +127,8 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
     assert list(medians.index)[0] == BASELINE  # the headline first
     assert medians.loc["zero-overlap+torch-fused", "status"] == "skipped"  # NCCL only
     ran = [c for c in medians.index if medians.loc[c, "status"] == "not-measured"]
-    assert {BASELINE, "fsdp2+torch-fused", "fsdp2-noreshard+torch-fused", "fsdp2+triton-adamw",
-            "sharded-adamw", "sharded-adamw-overlap"} <= set(ran)
+    assert {BASELINE, "fsdp2+torch-fused", "fsdp2-noreshard+torch-fused", "fsdp2-bf16-noreshard+torch-fused",
+            "fsdp2+triton-adamw", "sharded-adamw", "sharded-adamw-overlap"} <= set(ran)
     verdicts = rows[rows.metric == "parity"].set_index("candidate")
     assert set(verdicts.status) == {"pass"} and "fsdp2+torch-fused" in verdicts.index
     written = json.loads((tmp_path / "dist-train-step-llama-tiny-1x32.json").read_text())

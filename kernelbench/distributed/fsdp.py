@@ -52,16 +52,22 @@ def make_mesh(device: torch.device, world: int, shape: tuple[int, ...] = ()):
     return init_device_mesh(device.type, shape or (world,))
 
 
-def shard_model(model: torch.nn.Module, mesh, reshard_after_forward: bool = True) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, mesh, reshard_after_forward: bool = True,
+                bf16_params: bool = False) -> torch.nn.Module:
     """``fully_shard`` the attention and the MLP of every decoder layer, then the root, whose group
     holds the embedding, the norms and the head (kernelbench's Llama applies a layer's input norm
-    before the layer itself, fused with the residual add, so the norms cannot be the layer's)."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    before the layer itself, fused with the residual add, so the norms cannot be the layer's).
+    ``bf16_params``: FSDP2's MixedPrecisionPolicy as large runs use it (parameters gathered and
+    computed in bf16, gradients reduced in fp32, fp32 shards and optimizer state)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if bf16_params:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer.self_attn, mesh=mesh, reshard_after_forward=reshard_after_forward)
-        fully_shard(layer.mlp, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer.self_attn, **kwargs)
+        fully_shard(layer.mlp, **kwargs)
+    fully_shard(model, **kwargs)
     if hasattr(model, "loss"):  # Llama.loss calls forward itself: FSDP's hooks must run around it
         register_fsdp_forward_method(model, "loss")
     return model

@@ -128,6 +128,15 @@ def fsdp2_noreshard_torch_fused(setup):
     return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused")
 
 
+@OP.candidate("fsdp2-bf16-noreshard+torch-fused", requires=_GPUS, parity=False)
+def fsdp2_bf16_noreshard_torch_fused(setup):
+    """FSDP2 as large runs configure it: MixedPrecisionPolicy(bf16 parameters, fp32 reduction),
+    reshard_after_forward=False, torch fused AdamW on the fp32 shards."""
+    from . import worker
+
+    return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused", bf16_params=True)
+
+
 @OP.candidate("fsdp2+torch-fused", requires=_GPUS, parity=False)
 def fsdp2_torch_fused(setup):
     """FSDP2 fully_shard(reshard_after_forward=True) per attention / MLP + root, torch fused AdamW."""

@@ -115,10 +115,10 @@ def ddp_step(setup: Setup) -> TrainStep:
                      params=list(model.parameters()))
 
 
-def fsdp_step(setup: Setup, *, reshard_after_forward: bool, optimizer: str) -> TrainStep:
+def fsdp_step(setup: Setup, *, reshard_after_forward: bool, optimizer: str, bf16_params: bool = False) -> TrainStep:
     from kernelbench.distributed.fsdp import make_mesh, shard_model
 
-    model = shard_model(setup.model(), make_mesh(setup.device, setup.world), reshard_after_forward)
+    model = shard_model(setup.model(), make_mesh(setup.device, setup.world), reshard_after_forward, bf16_params)
     params = list(model.parameters())
     if optimizer == "triton":
         from kernelbench.optim import TritonAdamW
@@ -126,7 +126,8 @@ def fsdp_step(setup: Setup, *, reshard_after_forward: bool, optimizer: str) -> T
         opt = TritonAdamW(params, **HYPERPARAMS)
     else:
         opt = torch.optim.AdamW(params, **HYPERPARAMS, **_fused())
-    what = (f"FSDP2 (reshard_after_forward={reshard_after_forward}) all-gather / reduce-scatter, "
+    policy = ", bf16 parameters, fp32 reduction" if bf16_params else ", fp32 parameters"
+    what = (f"FSDP2 (reshard_after_forward={reshard_after_forward}{policy}) all-gather / reduce-scatter, "
             f"{'TritonAdamW' if optimizer == 'triton' else 'torch fused AdamW'} on the local shards")
     return TrainStep(model, model, opt, what, "torch", opt.step, params=params,
                      comm_free_reason="not measured: FSDP2's all-gathers are part of its forward and backward")
