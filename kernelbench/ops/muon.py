@@ -52,20 +52,21 @@ def torch_reference(named_params, **hp):
     return MuonReference(_split(named_params), **hp)
 
 
-@muon.candidate("triton", requires=Requires(triton=True))
-def triton_muon(named_params, **hp):
-    """Same-shape weights batched through kernelbench's Newton-Schulz kernels; TritonAdamW."""
+def _muon(named_params, hp, **options):
     from kernelbench.optim.muon import Muon
 
     hp = {k: v for k, v in hp.items() if k not in ("dim", "n_heads", "n_kv_heads")}
-    return Muon(_split(named_params), **hp)
+    return Muon(_split(named_params), **hp, **options)
+
+
+@muon.candidate("triton", requires=Requires(triton=True))
+def triton_muon(named_params, **hp):
+    """Same-shape weights batched through kernelbench's Newton-Schulz kernels; TritonAdamW."""
+    return _muon(named_params, hp)
 
 
 @muon.candidate("triton-graphs", requires=Requires(triton=True, cuda=True))
 def triton_muon_graphs(named_params, **hp):
     """``triton`` with ns_graph=True: CUDA graphs of the small Newton-Schulz calls, 8 B per Muon
     parameter kept between steps for fewer launches."""
-    from kernelbench.optim.muon import Muon
-
-    hp = {k: v for k, v in hp.items() if k not in ("dim", "n_heads", "n_kv_heads")}
-    return Muon(_split(named_params), ns_graph=True, **hp)
+    return _muon(named_params, hp, ns_graph=True)

@@ -65,6 +65,11 @@ def muon_param_groups(named_params: Iterable[tuple[str, torch.Tensor]],
     return groups
 
 
+def _graph_choice(group: dict) -> bool | None:
+    """newton_schulz's ``graph``: never (the default), or the route's choice with ns_graph=True."""
+    return None if group["ns_graph"] else False
+
+
 def update_scale(shape: torch.Size) -> float:
     """sqrt(max(1, rows / cols)): tall matrices get a larger step (their O has smaller entries)."""
     return math.sqrt(max(1.0, shape[0] / shape[1]))
@@ -178,8 +183,8 @@ class Muon(_MuonBase):
     def workspace_bytes(self) -> int:
         """Bytes held between steps beyond ``state``: the static input, output and norm of the
         CUDA graphs that replay this optimizer's Newton-Schulz calls (none off CUDA, none unless
-        ``ns_graph=True``). The graphs'
-        bf16 work matrices live in a pool shared by every shape, freed between replays."""
+        ``ns_graph=True``). The graphs' bf16 work matrices live in a pool shared by every shape,
+        freed between replays."""
         return sum(graph_static_bytes(*call) for call in self._ns_calls)
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -236,9 +241,8 @@ class Muon(_MuonBase):
                 grad = torch.stack([p.grad for p in params])
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp_(buf, momentum) if group["nesterov"] else buf
-                graph = None if group["ns_graph"] else False  # None: the route's choice
                 ortho = newton_schulz(update, group["ns_steps"], path=group["ns_path"], check_finite=False,
-                                      graph=graph)
+                                      graph=_graph_choice(group))
                 if group["ns_graph"]:
                     self._ns_calls.add((tuple(update.shape), update.dtype, update.device))
                 if group["weight_decay"]:
@@ -273,7 +277,7 @@ class Muon(_MuonBase):
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
         ortho = orthogonalize_sharded(updates, shards, group["ns_steps"], group["ns_path"],
-                                      graph=None if group["ns_graph"] else False)
+                                      graph=_graph_choice(group))
         local_params = [local_tensor(p) for p in params]
         if group["weight_decay"]:
             torch._foreach_mul_(local_params, 1 - lr * group["weight_decay"])
