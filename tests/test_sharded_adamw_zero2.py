@@ -90,7 +90,7 @@ def _model_loss(model, step: int, rank: int) -> torch.Tensor:
 # -- two Gloo ranks ----------------------------------------------------------------------------
 def _free_grads_scenarios(rank: int) -> dict:
     report: dict = {"bitwise": [], "held_after_step": [], "alive_after_step": [], "grads_after_step": [],
-                    "reallocated": [], "control_held": []}
+                    "reallocated": [], "control_held": [], "adopted": []}
     # The all-reduce fallback (old Gloo builds) leaves the sum in the full bucket: its own copy-out.
     cases = [(None, USED, None, "auto"), (None, WITH_UNUSED, None, "auto"), (torch.bfloat16, WITH_UNUSED, None, "auto"),
              (None, WITH_UNUSED, 0.05, "auto"), (None, WITH_UNUSED, None, "all-reduce")]
@@ -116,13 +116,17 @@ def _free_grads_scenarios(rank: int) -> dict:
         report["grads_after_step"] += [f"{tag}: {n}.grad is not None" for n, p in free_named if p.grad is not None]
         if max_norm is None:
             report["control_held"].append(bool(_full_size_held(plain)))
-        # The next backward allocates each bucket again and the grads it made are its views.
+        # The next backward allocates each bucket again and the grads it made are its views, but
+        # for the buckets whose reduction it already retired (released: grad None).
         _loss(free_named, STEPS + 1, rank).backward()
         for b in freeing._buckets:
+            retired = b.index in freeing._retired
             storage = b.grad_flat.untyped_storage().data_ptr() if b.grad_flat is not None else None
             for i, p in zip(b.param_indices, b.params):
                 used = i < len(USED) or (rank == 1 and i == len(WITH_UNUSED) - 1)
-                if used and (p.grad is None or p.grad.untyped_storage().data_ptr() != storage):
+                if retired and (p.grad is not None or b.grad_flat is not None):
+                    report["reallocated"].append(f"{tag}: param {i}'s retired bucket still holds a grad")
+                elif not retired and used and (p.grad is None or p.grad.untyped_storage().data_ptr() != storage):
                     report["reallocated"].append(f"{tag}: param {i} is not a view of its bucket after a backward")
         freeing.step()  # not zero_grad(): a bucket unused on this rank is launched by step() only
         freeing.zero_grad()
@@ -130,6 +134,35 @@ def _free_grads_scenarios(rank: int) -> dict:
                                        if p.grad is not None]
         plain.remove_hooks()
         freeing.remove_hooks()
+
+    # During the backward: the oldest reductions are waited for and their buckets released once
+    # REDUCTIONS_IN_FLIGHT later ones are on the wire (USED: buckets 2, 1, 0 in launch order).
+    from kernelbench.optim import sharded_adamw
+
+    named = _params(USED)
+    freeing = _optimizer([p for _, p in named], overlap_grad_reduce=True, free_grads=True)
+    _train(freeing, named, rank, steps=1)
+    _loss(named, 1, rank).backward()
+    report["held_after_backward"] = [b.grad_flat is not None for b in freeing._buckets]
+    report["in_flight"] = sharded_adamw.REDUCTIONS_IN_FLIGHT
+    freeing.step()
+    freeing.remove_hooks()
+
+    # A bucket of one parameter whose grad autograd made at the bucket's exact size (16 x 8 = 128
+    # elements = 64 * world) takes that tensor as its buffer.
+    gen = torch.Generator().manual_seed(3)
+    a = torch.nn.Parameter(torch.randn(16, 8, generator=gen))
+    h = torch.nn.Parameter(torch.randn(3, 16, generator=gen))
+    freeing = _optimizer([a, h], overlap_grad_reduce=True, free_grads=True)
+    made: list[int] = []
+    a.register_hook(lambda g: made.append(g.data_ptr()))
+    for step in range(2):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step + 10 * rank))
+        ((x @ a.T @ h.T) ** 2).mean().backward()
+        bucket = freeing._buckets[0]
+        report["adopted"].append((len(bucket.params), bucket.grad_flat.data_ptr() == made[-1]))
+        freeing.step()
+    freeing.remove_hooks()
 
     # no_sync accumulation: the micro-batch grads autograd makes while the bucket is released are
     # copied into it by the first hook outside no_sync.
@@ -214,6 +247,20 @@ def test_free_grads_leaves_no_full_grad_buffer_after_step(two_ranks):
 def test_free_grads_reallocates_the_bucket_at_the_next_backward(two_ranks):
     problems = [p for r in two_ranks for p in r["free_grads"]["reallocated"]]
     assert not problems, "\n".join(problems)
+
+
+def test_free_grads_releases_buckets_during_the_backward(two_ranks):
+    for r in two_ranks:
+        report = r["free_grads"]
+        assert report["in_flight"] == 2
+        # bucket 2 was launched first; with 1 and 0 launched after it, its reduction is retired
+        assert report["held_after_backward"] == [True, True, False], report["held_after_backward"]
+
+
+def test_free_grads_takes_an_exact_size_grad_as_the_bucket(two_ranks):
+    for r in two_ranks:
+        # step 0: the bucket made at construction holds the grad; step 1: autograd's own tensor
+        assert r["free_grads"]["adopted"] == [(1, False), (1, True)], r["free_grads"]["adopted"]
 
 
 def test_prefetch_equals_the_default_bit_for_bit(two_ranks):

@@ -51,11 +51,16 @@ then the clip coefficient folded into ``adamw_step_flat``. The updates wait for 
 reduce-scatter (the norm needs them all), so they no longer overlap the later reductions.
 
 Freeing the gradient (``free_grads=True``, ZeRO-2; needs ``overlap_grad_reduce``). Each bucket's
-reduce-scatter writes this rank's shard into a shard-sized buffer of its own; once it has completed
-(in ``step()``, or in ``zero_grad()`` for a skipped step) the full-size grad bucket (and its bf16
-copy) is released and ``p.grad`` is None, as with ZeRO-2 elsewhere: read grads before ``step()``.
-The next backward's first hook of a bucket allocates it again (zeroed) and copies the new grads in.
-With one process the whole gradient is owned, so nothing is freed.
+reduce-scatter writes this rank's shard into a shard-sized buffer of its own, and the full-size grad
+bucket (and its bf16 copy) is released as soon as that reduce-scatter has completed: during the
+backward, once ``REDUCTIONS_IN_FLIGHT`` later buckets have been launched (the compute stream waits
+for the older reduction, which has had those buckets' backward to finish), the rest in ``step()``
+(or in ``zero_grad()`` for a skipped step). So the backward holds a few buckets of full gradient at a
+time, not the whole model's. Released buckets leave ``p.grad`` None, as with ZeRO-2 elsewhere: read
+grads before the backward ends. The next backward's first hook of a bucket allocates it again
+(zeroed) and copies the new grads in; a bucket of one parameter whose grad autograd made with the
+bucket's exact size takes that tensor as its buffer instead (no copy). With one process the whole
+gradient is owned, so nothing is freed.
 
 Prefetching the parameters (``prefetch_params=True``): ``step()`` returns with its all-gathers in
 flight; a forward pre-hook on every module that owns a parameter (``attach(model)`` or
@@ -102,6 +107,11 @@ TORCH_ADAMW_GROUP_EXTRAS = {
 }
 
 GRAD_COMM_DTYPES = (None, torch.float32, torch.bfloat16)
+
+# free_grads: reduce-scatters left running while the backward goes on; an older bucket is waited for
+# and released. Two keep the wait off the critical path when a bucket's communication takes up to
+# twice its backward, and the backward's full-size gradient at three buckets.
+REDUCTIONS_IN_FLIGHT = 2
 
 # Parameter -> the overlapping ShardedAdamW whose hooks it carries (a weak reference), so that a
 # second optimizer over the same params is refused instead of launching a second set of reductions.
@@ -326,6 +336,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._ready_count = [0] * len(self._buckets)
         self._next_launch = 0  # position in _launch_order of the next bucket to launch
         self._reductions: dict[int, Any] = {}  # bucket index -> its reduce-scatter's work (None: world 1)
+        self._retired: set[int] = set()  # free_grads: buckets whose reduction is done and released
         self._hook_handles: list[Any] = []
         if self.overlap_grad_reduce:
             self._register_hooks()
@@ -663,11 +674,27 @@ class ShardedAdamW(torch.optim.Optimizer):
                 break
             self._reductions[ready] = self._start_reduce_scatter(self._buckets[ready])
             self._next_launch += 1
+        if self.free_grads:
+            self._retire_reductions(keep=REDUCTIONS_IN_FLIGHT)
+
+    def _retire_reductions(self, keep: int) -> None:
+        """free_grads: all but the ``keep`` newest launched reductions are waited for (with NCCL
+        a stream wait: the host goes on), turned into grad shards and their full buckets released."""
+        launched = [i for i in self._launch_order[: self._next_launch] if i not in self._retired]
+        for index in launched[: max(0, len(launched) - keep)]:
+            b = self._buckets[index]
+            self._wait(self._reductions[index], "reduce-scatter", b)
+            self._finish_reduce(b)
+            self._release_grads(b)
+            self._retired.add(index)
 
     def _adopt_grad(self, b: _Bucket, position: int) -> None:
-        self._allocate_grads(b)
-        p, gv = b.params[position], b.grad_views[position]
+        p = b.params[position]
         self._check_home(p, b.param_ptrs[position], b.param_indices[position])
+        if b.grad_flat is None and self._take_as_bucket(b, p.grad):
+            return
+        self._allocate_grads(b)
+        gv = b.grad_views[position]
         g = p.grad
         if g is gv:
             return
@@ -680,9 +707,10 @@ class ShardedAdamW(torch.optim.Optimizer):
     def _drop_round(self) -> None:
         """Waits for the reductions already launched and forgets them and the hooks' counts."""
         for index, work in self._reductions.items():
-            if work is not None:
+            if work is not None and index not in self._retired:
                 self._wait(work, "reduce-scatter", self._buckets[index])
         self._reductions = {}
+        self._retired = set()
         if any(self._ready_count):
             self._ready = [[False] * len(b.params) for b in self._buckets]
             self._ready_count = [0] * len(self._buckets)
@@ -696,6 +724,19 @@ class ShardedAdamW(torch.optim.Optimizer):
                 "bucket (its .data was replaced, e.g. by .to(), .half() or a new tensor); build "
                 "the optimizer after moving or converting the model"
             )
+
+    def _take_as_bucket(self, b: _Bucket, g: torch.Tensor | None) -> bool:
+        """A released bucket of one parameter takes autograd's grad as its buffer when that grad
+        is exactly the bucket (fp32, this device, contiguous, its own storage of the padded size):
+        the large embeddings and heads then cost no copy and no second full-size buffer."""
+        total = b.param_flat.numel()
+        if (len(b.params) != 1 or g is None or type(g) is not torch.Tensor or g.dtype != torch.float32
+                or g.device != self.device or g.numel() != total or not g.is_contiguous()
+                or g.storage_offset() != 0 or g.untyped_storage().nbytes() != total * 4):
+            return False
+        b.grad_flat = g.view(-1)
+        b.grad_views = [g]
+        return True
 
     def _allocate_grads(self, b: _Bucket) -> None:
         """Gives a bucket released by free_grads its full grad buffer again, zeroed (the padding
@@ -760,26 +801,20 @@ class ShardedAdamW(torch.optim.Optimizer):
             if collect:
                 self._collect_grads(b)
             self._reductions[index] = self._start_reduce_scatter(b)
-        reductions = self._reductions
+        reductions, retired = self._reductions, self._retired
         self._reductions = {}
         self._drop_round()
         gathers = []
         clip = None
         if clipping:
             for index in order:
-                b = self._buckets[index]
-                self._wait(reductions[index], "reduce-scatter", b)
-                self._finish_reduce(b)
-                if self.free_grads:
-                    self._release_grads(b)
+                if index not in retired:
+                    self._finish_reduction(self._buckets[index], reductions[index])
             clip = self._clip_coefficient(reduce=True)
         for index in order:
             b = self._buckets[index]
-            if not clipping:
-                self._wait(reductions[index], "reduce-scatter", b)
-                self._finish_reduce(b)
-                if self.free_grads:
-                    self._release_grads(b)
+            if not clipping and index not in retired:
+                self._finish_reduction(b, reductions[index])
             if update:
                 self._update(b, clip)
             gathers.append((b, self._start_all_gather(b)))
@@ -788,6 +823,12 @@ class ShardedAdamW(torch.optim.Optimizer):
             return
         for b, work in gathers:
             self._wait(work, "all-gather", b)
+
+    def _finish_reduction(self, b: _Bucket, work: Any) -> None:
+        self._wait(work, "reduce-scatter", b)
+        self._finish_reduce(b)
+        if self.free_grads:
+            self._release_grads(b)
 
     def _finish_reduce(self, b: _Bucket) -> None:
         """Turns the reduced shard into the averaged fp32 gradient in ``b.grad_shard``."""

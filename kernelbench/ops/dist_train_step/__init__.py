@@ -114,7 +114,8 @@ def ddp_torch_fused(setup):
 
 @OP.candidate("sharded-adamw-overlap", requires=Requires(triton=True, min_gpus=2), parity=False)
 def sharded_adamw_overlap(setup):
-    """ShardedAdamW(overlap_grad_reduce=True): reduce-scatters issued during backward, ZeRO-1 update."""
+    """ShardedAdamW(overlap_grad_reduce=True, free_grads=True): reduce-scatters issued during
+    backward, each full gradient bucket released once reduced (ZeRO-2), the update on this rank's shard."""
     from . import worker
 
     return worker.sharded_step(setup, overlap=True)

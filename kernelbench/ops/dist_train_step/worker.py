@@ -35,6 +35,7 @@ from kernelbench.ops.dist_train_step import CHECK_STEPS, LR, MAX_GRAD_NORM, OP, 
 
 HYPERPARAMS = {"lr": LR, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 WARMUP_MIN_STEPS = 2  # the first step allocates grads and state; the second runs as every later one
+OVERLAP_BUCKET_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -159,13 +160,20 @@ def sharded_step(setup: Setup, *, overlap: bool) -> TrainStep | str:
     if overlap and "overlap_grad_reduce" not in accepted:
         return "skipped: the installed ShardedAdamW has no overlap_grad_reduce argument"
     model = setup.model()
-    kwargs: dict[str, Any] = {"overlap_grad_reduce": True, "grad_comm_dtype": None} if overlap else {}
+    kwargs: dict[str, Any] = {}
+    if overlap:
+        # ZeRO-2: the backward holds a few buckets of full gradient, not the model's; buckets of
+        # about one 1B-class layer keep those few small.
+        kwargs = {"overlap_grad_reduce": True, "grad_comm_dtype": None, "bucket_bytes": OVERLAP_BUCKET_BYTES}
+        if "free_grads" in accepted:
+            kwargs["free_grads"] = True
     clipping = "torch"
     if "max_grad_norm" in accepted:
         kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
     opt = ShardedAdamW(list(model.named_parameters()), **HYPERPARAMS, **kwargs)
     no_sync = getattr(opt, "no_sync", None) if overlap else contextlib.nullcontext
-    what = ("ShardedAdamW, reduce-scatters issued during backward" if overlap
+    what = ("ShardedAdamW, reduce-scatters issued during backward" + (
+        ", full gradient buckets released once reduced (ZeRO-2)" if kwargs.get("free_grads") else "") if overlap
             else "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined")
     if clipping == "torch":
         clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
