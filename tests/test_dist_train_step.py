@@ -106,6 +106,8 @@ def test_worker_step_counts_follow_the_time_budgets():
                            max_reps=1000)
     assert step_counts(args, 50.0, 0) == (WARMUP_MIN_STEPS, 10)  # 1500 ms / 50 ms / 3 rounds
     assert step_counts(args, 500.0, 2) == (2 + WARMUP_MIN_STEPS, 4)  # min_reps 10 over 3 rounds
+    # reps of 2 steps: half as many reps in the same budget; warm-up still counted in steps
+    assert step_counts(args, 25.0, 0, steps_per_rep=2) == (WARMUP_MIN_STEPS, 10)
     fixed = SimpleNamespace(**{**vars(args), "warmup_steps": 0, "reps": 1})
     assert step_counts(fixed, None, 2) == (2, 1)
 
@@ -128,7 +130,8 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
     assert medians.loc["zero-overlap+torch-fused", "status"] == "skipped"  # NCCL only
     ran = [c for c in medians.index if medians.loc[c, "status"] == "not-measured"]
     assert {BASELINE, "fsdp2+torch-fused", "fsdp2-noreshard+torch-fused", "fsdp2-bf16-noreshard+torch-fused",
-            "fsdp2+triton-adamw", "sharded-adamw", "sharded-adamw-overlap"} <= set(ran)
+            "fsdp2+triton-adamw", "sharded-adamw", "sharded-adamw-overlap",
+            "sharded-adamw-overlap+prefetch"} <= set(ran)
     verdicts = rows[rows.metric == "parity"].set_index("candidate")
     assert set(verdicts.status) == {"pass"} and "fsdp2+torch-fused" in verdicts.index
     written = json.loads((tmp_path / "dist-train-step-llama-tiny-1x32.json").read_text())

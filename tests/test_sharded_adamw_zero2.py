@@ -141,6 +141,9 @@ def _free_grads_scenarios(rank: int) -> dict:
 
     named = _params(USED)
     freeing = _optimizer([p for _, p in named], overlap_grad_reduce=True, free_grads=True)
+    # Built without grads: no full grad bucket until a backward makes one.
+    report["held_after_construction"] = _full_size_held(freeing) + [
+        f"{n}.grad is not None" for n, p in named if p.grad is not None]
     _train(freeing, named, rank, steps=1)
     _loss(named, 1, rank).backward()
     report["held_after_backward"] = [b.grad_flat is not None for b in freeing._buckets]
@@ -189,6 +192,9 @@ def _prefetch_run(rank: int, tag: str, common: dict, extra: dict, report: dict) 
     waits: list[str] = []
     original_wait = opt._wait
     opt._wait = lambda work, what, b: waits.append(what) or original_wait(work, what, b)
+    gathered: list[int] = []
+    original_gather = opt._start_all_gather
+    opt._start_all_gather = lambda b: gathered.append(b.index) or original_gather(b)
     pending: list[list[int]] = []
     for layer in model.layers:  # after attach's hooks, so they see the state those left
         layer.register_forward_pre_hook(lambda module, args: pending.append(sorted(opt._gathers)))
@@ -204,6 +210,8 @@ def _prefetch_run(rank: int, tag: str, common: dict, extra: dict, report: dict) 
         loss.backward()
         opt.step()
         report["pending_after_step"].append(sorted(opt._gathers))
+        report["gather_order"].append(list(gathered))
+        gathered.clear()
         opt.zero_grad()
     opt.wait_params()
     report["bitwise"] += _differences(list(model.named_parameters()), list(plain_model.named_parameters()), tag)
@@ -213,7 +221,8 @@ def _prefetch_run(rank: int, tag: str, common: dict, extra: dict, report: dict) 
 
 
 def _prefetch_scenarios(rank: int) -> dict:
-    report: dict = {"bitwise": [], "pending_after_step": [], "pending_at_forward": [], "forward_waits": []}
+    report: dict = {"bitwise": [], "pending_after_step": [], "pending_at_forward": [], "forward_waits": [],
+                    "gather_order": []}
     _prefetch_run(rank, "prefetch", {}, {"prefetch_params": True}, report)
     _prefetch_run(rank, "prefetch + free_grads, bf16, clipped",
                   {"overlap_grad_reduce": True, "grad_comm_dtype": torch.bfloat16, "max_grad_norm": 0.05},
@@ -252,6 +261,7 @@ def test_free_grads_reallocates_the_bucket_at_the_next_backward(two_ranks):
 def test_free_grads_releases_buckets_during_the_backward(two_ranks):
     for r in two_ranks:
         report = r["free_grads"]
+        assert report["held_after_construction"] == [], report["held_after_construction"]
         assert report["in_flight"] == 2
         # bucket 2 was launched first; with 1 and 0 launched after it, its reduction is retired
         assert report["held_after_backward"] == [True, True, False], report["held_after_backward"]
@@ -259,8 +269,8 @@ def test_free_grads_releases_buckets_during_the_backward(two_ranks):
 
 def test_free_grads_takes_an_exact_size_grad_as_the_bucket(two_ranks):
     for r in two_ranks:
-        # step 0: the bucket made at construction holds the grad; step 1: autograd's own tensor
-        assert r["free_grads"]["adopted"] == [(1, False), (1, True)], r["free_grads"]["adopted"]
+        # every step (none allocated at construction, released at each step): autograd's own tensor
+        assert r["free_grads"]["adopted"] == [(1, True), (1, True)], r["free_grads"]["adopted"]
 
 
 def test_prefetch_equals_the_default_bit_for_bit(two_ranks):
@@ -279,6 +289,8 @@ def test_prefetch_leaves_the_gathers_to_each_layers_forward(two_ranks):
         later = [[1, 2], [2], []]
         assert report["pending_at_forward"] == ([first_step] + [later] * (STEPS - 1)) * configs, report
         assert report["forward_waits"] == ([0] + [3] * (STEPS - 1)) * configs, report["forward_waits"]
+        # issued in the forward's order (the reductions and updates run last bucket first)
+        assert report["gather_order"] == [[0, 1, 2]] * STEPS * configs, report["gather_order"]
 
 
 # -- one process -------------------------------------------------------------------------------

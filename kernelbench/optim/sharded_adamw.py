@@ -63,9 +63,10 @@ bucket's exact size takes that tensor as its buffer instead (no copy). With one 
 gradient is owned, so nothing is freed.
 
 Prefetching the parameters (``prefetch_params=True``): ``step()`` returns with its all-gathers in
-flight; a forward pre-hook on every module that owns a parameter (``attach(model)`` or
-``module=``) waits for the all-gathers of that module's buckets just before its forward, so the
-next forward's first layers overlap the later buckets' gathers. ``step()``, the state dicts and
+flight, issued after the updates in bucket order (the forward's order); a forward pre-hook on every
+module that owns a parameter (``attach(model)`` or ``module=``) waits for the all-gathers of that
+module's buckets just before its forward, so the next forward's first layers overlap the later
+buckets' gathers. ``step()``, the state dicts and
 ``wait_params()`` wait for whatever is left (``zero_grad()`` touches no parameter, so does not);
 code that reads a parameter outside its module's forward must call ``wait_params()`` first.
 
@@ -481,24 +482,32 @@ class ShardedAdamW(torch.optim.Optimizer):
         total = _round_up(total, ALIGN * self.world_size)
         shard = total // self.world_size
         param_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
-        grad_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
+        # free_grads: no full grad bucket before a backward makes one (unless grads exist already).
+        grad_flat = None
+        if not self.free_grads or any(p.grad is not None for _, p in members):
+            grad_flat = torch.zeros(total, dtype=torch.float32, device=self.device)
         param_ptrs, grad_views = [], []
         for (_, p), offset in zip(members, offsets):
             pv = param_flat[offset : offset + p.numel()].view(p.shape)
-            gv = grad_flat[offset : offset + p.numel()].view(p.shape)
             pv.copy_(p)
-            if p.grad is not None:
-                gv.copy_(p.grad)
+            if grad_flat is not None:
+                gv = grad_flat[offset : offset + p.numel()].view(p.shape)
+                if p.grad is not None:
+                    gv.copy_(p.grad)
+                p.grad = gv
+                grad_views.append(gv)
             p.data = pv  # the parameter now lives in the bucket; its old storage is released
-            p.grad = gv
             param_ptrs.append(pv.data_ptr())
-            grad_views.append(gv)
         lo, hi = self.rank * shard, (self.rank + 1) * shard
         comm_flat = None
         if self._comm_cast and not self.free_grads:  # with free_grads made per step, like grad_flat
             comm_flat = torch.zeros(total, dtype=self.grad_comm_dtype, device=self.device)
         # With free_grads the reduce-scatter writes the owned shard here, so grad_flat can go.
-        grad_shard = torch.zeros(shard, device=self.device) if self.free_grads else grad_flat[lo:hi]
+        if self.free_grads:
+            grad_shard = torch.zeros(shard, device=self.device)
+        else:
+            assert grad_flat is not None
+            grad_shard = grad_flat[lo:hi]
         return _Bucket(
             index=index,
             group_index=group_index,
@@ -817,9 +826,11 @@ class ShardedAdamW(torch.optim.Optimizer):
                 self._finish_reduction(b, reductions[index])
             if update:
                 self._update(b, clip)
-            gathers.append((b, self._start_all_gather(b)))
+            if not self.prefetch_params:  # each gather right behind its update, beside the next ones
+                gathers.append((b, self._start_all_gather(b)))
         if self.prefetch_params:
-            self._gathers = {b.index: work for b, work in gathers}
+            # In the forward's order: the next forward's first modules get theirs first.
+            self._gathers = {b.index: self._start_all_gather(b) for b in self._buckets}
             return
         for b, work in gathers:
             self._wait(work, "all-gather", b)

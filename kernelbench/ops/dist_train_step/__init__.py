@@ -121,6 +121,15 @@ def sharded_adamw_overlap(setup):
     return worker.sharded_step(setup, overlap=True)
 
 
+@OP.candidate("sharded-adamw-overlap+prefetch", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_prefetch(setup):
+    """sharded-adamw-overlap with prefetch_params=True: step() returns with the parameter all-gathers
+    in flight, each module's forward waits for its own bucket's."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, prefetch=True)
+
+
 @OP.candidate("fsdp2-noreshard+torch-fused", requires=_GPUS, parity=False)
 def fsdp2_noreshard_torch_fused(setup):
     """FSDP2 fully_shard(reshard_after_forward=False) per attention / MLP + root, torch fused AdamW."""

@@ -35,6 +35,10 @@ from kernelbench.ops.dist_train_step import CHECK_STEPS, LR, MAX_GRAD_NORM, OP, 
 
 HYPERPARAMS = {"lr": LR, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 WARMUP_MIN_STEPS = 2  # the first step allocates grads and state; the second runs as every later one
+# A timed rep is this many steps back to back, as training runs them: work a step leaves in flight
+# for the next one (parameter all-gathers under the next forward) overlaps there as it would, and
+# only the last step's leftover is waited for inside the rep. Times are per step (rep / STEPS_PER_REP).
+STEPS_PER_REP = 4
 OVERLAP_BUCKET_BYTES = 256 * 2**20
 
 
@@ -71,6 +75,7 @@ class TrainStep:
     comm_free_reason: str = ""
     warmup_iterations: int = 0  # iterations the wrapper needs before its step updates anything
     params: list[torch.Tensor] = field(default_factory=list)
+    finish: Callable[[], Any] | None = None  # waits for what a step leaves in flight (prefetched gathers)
 
     def run(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True) -> torch.Tensor:
         quiet = contextlib.nullcontext() if communicate or self.no_sync is None else self.no_sync()
@@ -86,6 +91,13 @@ class TrainStep:
             update()
         self.optimizer.zero_grad()
         return loss.detach()
+
+    def run_rep(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True) -> None:
+        """STEPS_PER_REP steps back to back, then whatever the last one left in flight."""
+        for _ in range(STEPS_PER_REP):
+            self.run(tokens, targets, communicate=communicate)
+        if self.finish is not None:
+            self.finish()
 
     def state_bytes(self) -> int:
         if hasattr(self.optimizer, "state_bytes"):
@@ -153,12 +165,14 @@ def zero_overlap_step(setup: Setup) -> TrainStep | str:
                      warmup_iterations=2, params=list(model.parameters()))
 
 
-def sharded_step(setup: Setup, *, overlap: bool) -> TrainStep | str:
+def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False) -> TrainStep | str:
     from kernelbench.optim.sharded_adamw import ShardedAdamW
 
     accepted = inspect.signature(ShardedAdamW).parameters
     if overlap and "overlap_grad_reduce" not in accepted:
         return "skipped: the installed ShardedAdamW has no overlap_grad_reduce argument"
+    if prefetch and "prefetch_params" not in accepted:
+        return "skipped: the installed ShardedAdamW has no prefetch_params argument"
     model = setup.model()
     kwargs: dict[str, Any] = {}
     if overlap:
@@ -167,6 +181,8 @@ def sharded_step(setup: Setup, *, overlap: bool) -> TrainStep | str:
         kwargs = {"overlap_grad_reduce": True, "grad_comm_dtype": None, "bucket_bytes": OVERLAP_BUCKET_BYTES}
         if "free_grads" in accepted:
             kwargs["free_grads"] = True
+    if prefetch:
+        kwargs.update(prefetch_params=True, module=model)
     clipping = "torch"
     if "max_grad_norm" in accepted:
         kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
@@ -175,11 +191,13 @@ def sharded_step(setup: Setup, *, overlap: bool) -> TrainStep | str:
     what = ("ShardedAdamW, reduce-scatters issued during backward" + (
         ", full gradient buckets released once reduced (ZeRO-2)" if kwargs.get("free_grads") else "") if overlap
             else "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined")
+    if prefetch:
+        what += ", parameter all-gathers left to overlap the next forward (prefetch_params)"
     if clipping == "torch":
         clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
     return TrainStep(model, model, opt, what, clipping, opt.step, no_sync=no_sync, update_only=opt.update_only,
                      comm_free_how="ShardedAdamW no_sync + update_only" if overlap else "ShardedAdamW update_only",
-                     params=list(model.parameters()))
+                     params=list(model.parameters()), finish=opt.wait_params if prefetch else None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,14 +223,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def step_counts(args: argparse.Namespace, est_ms: float | None, warmup_iterations: int) -> tuple[int, int]:
-    """(warm-up steps, timed steps) per round: fixed ones as given, else from the time budgets and a
-    step's estimated ``est_ms``; the wrapper's own warm-up iterations come first either way."""
+def step_counts(args: argparse.Namespace, est_ms: float | None, warmup_iterations: int,
+                steps_per_rep: int = 1) -> tuple[int, int]:
+    """(warm-up steps, timed reps) per round: fixed ones as given, else from the time budgets and a
+    step's estimated ``est_ms`` (a rep is ``steps_per_rep`` steps); the wrapper's own warm-up
+    iterations come first either way."""
     if args.warmup_steps is not None and args.reps is not None:
         return warmup_iterations + args.warmup_steps, args.reps
     est_ms = max(est_ms or 0.0, 1e-3)
     warm = math.ceil((args.warmup_ms or 0) / est_ms)
-    per_round = math.ceil((args.rep_ms or 0) / est_ms / args.rounds)
+    per_round = math.ceil((args.rep_ms or 0) / (est_ms * steps_per_rep) / args.rounds)
     reps = min(max(per_round, math.ceil(args.min_reps / args.rounds)), max(1, args.max_reps // args.rounds))
     return warmup_iterations + max(WARMUP_MIN_STEPS, warm), max(1, reps)
 
@@ -291,23 +311,26 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
         _sync(device)
         est[name] = _decide(rank, (time.perf_counter() - t0) * 1e3)
         done = trainer.warmup_iterations + WARMUP_MIN_STEPS + 1
-    warm, reps = step_counts(args, est.get(name), trainer.warmup_iterations)
+    warm, reps = step_counts(args, est.get(name), trainer.warmup_iterations, STEPS_PER_REP)
     for _ in range(max(0, warm - done)):
         trainer.run(tokens, targets)
+    if trainer.finish is not None:
+        trainer.finish()
     lap("warmup")
     timer = RankTimer(device, ["step", "comm_free"])
-    step = functools.partial(trainer.run, tokens, targets)
+    step = functools.partial(trainer.run_rep, tokens, targets)
     for _ in range(reps):
         timer.rep("step", step, record=True)
     if trainer.no_sync is not None and trainer.update_only is not None:
-        quiet_step = functools.partial(trainer.run, tokens, targets, communicate=False)
+        quiet_step = functools.partial(trainer.run_rep, tokens, targets, communicate=False)
         for _ in range(min(warm, 1)):
             timer.rep("comm_free", quiet_step, record=False)
         for _ in range(reps):
             timer.rep("comm_free", quiet_step, record=True)
     lap("timed")
-    times = timer.results_ms()
-    out.update(phase_s=phases, step_ms=times["step"], comm_free_ms=times["comm_free"], timing=timer.describe(),
+    times = {metric: [t / STEPS_PER_REP for t in reps_ms] for metric, reps_ms in timer.results_ms().items()}
+    timing = f"{timer.describe()}; a rep is {STEPS_PER_REP} steps back to back, its time divided by {STEPS_PER_REP}"
+    out.update(phase_s=phases, step_ms=times["step"], comm_free_ms=times["comm_free"], timing=timing,
                state_bytes=trainer.state_bytes())
     out["peak_bytes"] = None if before is None else torch.cuda.max_memory_allocated(device) - before
     del trainer, timer, step
