@@ -13,6 +13,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kb-out}
 WORK=${KB_WORK:-/tmp/kb}  # one per concurrent call (each on its own GPUs: CUDA_VISIBLE_DEVICES)
+# STEP_TIMEOUT: seconds per kb: step (550), so several jobs in one call each end, packed, before it does.
 rm -rf "$WORK/reports" "$WORK/logs"  # a machine kept warm would otherwise pack an earlier call's files
 mkdir -p "$OUT" "$WORK/reports" "$WORK/logs"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -52,7 +53,7 @@ for step in "$@"; do
     kb:*)
       name="step$n-$(echo "${step#kb:}" | tr -cs 'A-Za-z0-9' '-' | cut -c1-60)"
       # shellcheck disable=SC2086
-      run_step "$name" 550 python3 -m kernelbench ${step#kb:} --output-dir "$WORK/reports/$name" ;;
+      run_step "$name" "${STEP_TIMEOUT:-550}" python3 -m kernelbench ${step#kb:} --output-dir "$WORK/reports/$name" ;;
     kbat:*)  # kbat:<tree>:<args>: kernelbench from another source tree (a carried worktree of an
       # earlier commit), for a before / after on one host; its report folder is named after the step
       rest=${step#kbat:}; tree=${rest%%:*}; args=${rest#*:}
