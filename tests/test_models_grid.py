@@ -214,3 +214,20 @@ def test_per_round_ratios_and_the_straddle_flag(paced_op):
     for metric in ("time_median_ms", "ratio_vs_anchor"):
         assert "straddles-1.0" in rows[("wobbly", metric)]["flags"].split(",")
     assert "straddles 1.0" in rows[("wobbly", "ratio_vs_anchor")]["message"]
+
+
+def test_static_launch_candidate_passes_inductor_its_option(monkeypatch):
+    import torch
+
+    from kernelbench.ops.model_step import compile_step
+
+    op = get_op("llama-step")
+    spec = op.get_candidate("kernelbench-compile+static-launch").build()
+    assert spec.static_launch and op.anchor_for("kernelbench-compile+static-launch") == "torch-compile"
+    calls: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    option = {"static_launch_user_defined_triton_kernels": True}
+    compile_step(len, "cuda", options=option)
+    compile_step(len, "cpu", options=option)  # aot_eager takes no Inductor options
+    assert calls[0] == {"fullgraph": True, "backend": "inductor", "options": option}
+    assert calls[1] == {"fullgraph": True, "backend": "aot_eager"}

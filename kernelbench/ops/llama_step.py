@@ -55,6 +55,9 @@ class StepSpec:
     optimizer: str = "torch-adamw"
     impl: str = "triton"
     fused_head_loss: bool = False  # lm_head + loss as kernelbench.nn.linear_cross_entropy
+    # Inductor launches our Triton kernels through its static launcher, as it launches its own
+    # (torch.compile's options; Inductor's default runs user kernels through Triton's launcher).
+    static_launch: bool = False
 
 
 def _spec(model: str, config: LlamaConfig, batch: int, seq: int, dtype: str) -> dict:
@@ -208,8 +211,9 @@ class LlamaStepCase:
             raise ValueError(f"llama-step: compile {spec.compile!r}; accepted: {', '.join(COMPILE_MODES)}")
         self._cudagraphs = spec.compile == "cudagraphs"
         if spec.compile != "eager":
+            options = {"static_launch_user_defined_triton_kernels": True} if spec.static_launch else None
             self.step = compile_step(self._loss_and_logits, device,
-                                     mode="reduce-overhead" if self._cudagraphs else None)
+                                     mode="reduce-overhead" if self._cudagraphs else None, options=options)
         self.optimizer = _build_optimizer(spec.optimizer, self.model, device) if mode == "train" else None
         # Parity steps restart from these weights, so logits and gradients stay comparable with
         # the reference's whatever the optimizer did (its state carries on).
@@ -369,6 +373,12 @@ def kernelbench_eager():
 def kernelbench_compile():
     """kernelbench layers (custom ops), the step under torch.compile(fullgraph=True)."""
     return StepSpec("kernelbench", compile="compile")
+
+
+@llama_step.candidate("kernelbench-compile+static-launch", requires=Requires(cuda=True, triton=True))
+def kernelbench_compile_static_launch():
+    """kernelbench-compile with Inductor's static launcher for our Triton kernels (less host time a launch)."""
+    return StepSpec("kernelbench", compile="compile", static_launch=True)
 
 
 @llama_step.candidate("kernelbench-cudagraphs", requires=Requires(cuda=True, triton=True))

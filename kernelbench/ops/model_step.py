@@ -32,16 +32,19 @@ def _raise_recompile_limit() -> None:
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), _ANCHOR_RECOMPILE_LIMIT))
 
 
-def compile_step(step: Callable, device: str, fullgraph: bool = True, mode: str | None = None) -> Callable:
-    """``torch.compile(step)`` (``mode="reduce-overhead"``: under CUDA graphs). Inductor needs a
-    C++ / Triton toolchain; on the CPU the graph is still captured (whole with ``fullgraph``) and
-    run through AOT autograd."""
+def compile_step(step: Callable, device: str, fullgraph: bool = True, mode: str | None = None,
+                 options: dict | None = None) -> Callable:
+    """``torch.compile(step)`` (``mode="reduce-overhead"``: under CUDA graphs; ``options``: Inductor
+    settings for this compile only, not with a mode). Inductor needs a C++ / Triton toolchain; on
+    the CPU the graph is still captured (whole with ``fullgraph``) and run through AOT autograd."""
     import torch
 
     _raise_recompile_limit()
-    options = {"mode": mode} if mode else {}
-    return torch.compile(step, fullgraph=fullgraph, backend="inductor" if device == "cuda" else "aot_eager",
-                         **options)
+    inductor = device == "cuda"
+    kwargs: dict = {"mode": mode} if mode else {}
+    if options and inductor:
+        kwargs["options"] = options
+    return torch.compile(step, fullgraph=fullgraph, backend="inductor" if inductor else "aot_eager", **kwargs)
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
