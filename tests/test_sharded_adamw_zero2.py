@@ -147,8 +147,11 @@ def _free_grads_scenarios(rank: int) -> dict:
     _train(freeing, named, rank, steps=1)
     _loss(named, 1, rank).backward()
     report["held_after_backward"] = [b.grad_flat is not None for b in freeing._buckets]
+    report["shards_during_backward"] = [b.grad_shard is not None for b in freeing._buckets]
     report["in_flight"] = sharded_adamw.REDUCTIONS_IN_FLIGHT
     freeing.step()
+    report["shards_after_step"] = [b.grad_shard is not None for b in freeing._buckets] + [
+        freeing._shard_flat is not None]
     freeing.remove_hooks()
 
     # A bucket of one parameter whose grad autograd made at the bucket's exact size (16 x 8 = 128
@@ -265,6 +268,8 @@ def test_free_grads_releases_buckets_during_the_backward(two_ranks):
         assert report["in_flight"] == 2
         # bucket 2 was launched first; with 1 and 0 launched after it, its reduction is retired
         assert report["held_after_backward"] == [True, True, False], report["held_after_backward"]
+        # the shards live from the step's first reduction to its updates
+        assert report["shards_during_backward"] == [True] * 3 and report["shards_after_step"] == [False] * 4
 
 
 def test_free_grads_takes_an_exact_size_grad_as_the_bucket(two_ranks):

@@ -51,16 +51,17 @@ then the clip coefficient folded into ``adamw_step_flat``. The updates wait for 
 reduce-scatter (the norm needs them all), so they no longer overlap the later reductions.
 
 Freeing the gradient (``free_grads=True``, ZeRO-2; needs ``overlap_grad_reduce``). Each bucket's
-reduce-scatter writes this rank's shard into a shard-sized buffer of its own, and the full-size grad
-bucket (and its bf16 copy) is released as soon as that reduce-scatter has completed: during the
-backward, once ``REDUCTIONS_IN_FLIGHT`` later buckets have been launched (the compute stream waits
-for the older reduction, which has had those buckets' backward to finish), the rest in ``step()``
-(or in ``zero_grad()`` for a skipped step). So the backward holds a few buckets of full gradient at a
-time, not the whole model's. Released buckets leave ``p.grad`` None, as with ZeRO-2 elsewhere: read
-grads before the backward ends. The next backward's first hook of a bucket allocates it again
-(zeroed) and copies the new grads in; a bucket of one parameter whose grad autograd made with the
-bucket's exact size takes that tensor as its buffer instead (no copy). With one process the whole
-gradient is owned, so nothing is freed.
+reduce-scatter writes this rank's shard into one buffer holding every bucket's shard, made by the
+step's first reduction and released once the step's updates are queued. The full-size grad bucket
+(and its bf16 copy) is released as soon as its reduce-scatter has completed: during the backward,
+once ``REDUCTIONS_IN_FLIGHT`` later buckets have been launched (the compute stream waits for the
+older reduction, which has had those buckets' backward to finish), the rest in ``step()`` (or in
+``zero_grad()`` for a skipped step). So the backward holds a few buckets of full gradient at a
+time, not the whole model's, and between steps no gradient is held. Released buckets leave
+``p.grad`` None, as with ZeRO-2 elsewhere: read grads before the backward ends. The next backward's
+first hook of a bucket allocates it again (zeroed) and copies the new grads in; a bucket of one
+parameter whose grad autograd made with the bucket's exact size takes that tensor as its buffer
+instead (no copy). With one process the whole gradient is owned, so nothing is freed.
 
 Prefetching the parameters (``prefetch_params=True``): ``step()`` returns with its all-gathers in
 flight, issued after the updates in bucket order (the forward's order); a forward pre-hook on every
@@ -167,7 +168,9 @@ class _Bucket:
     grad_views: list[torch.Tensor]  # empty while released by free_grads
     shard_numel: int
     param_shard: torch.Tensor  # this rank's slice of param_flat (a view)
-    grad_shard: torch.Tensor  # this rank's slice of grad_flat (a view; with free_grads its own buffer)
+    # This rank's slice of grad_flat (a view); with free_grads a view of the step's shard buffer,
+    # None between steps.
+    grad_shard: torch.Tensor | None
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     step: torch.Tensor  # 0-d fp32 on the params' device; the kernel increments it
@@ -203,8 +206,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         max_grad_norm: clip the averaged gradient to this global 2-norm inside ``step()`` (module
             docstring, "Clipping"); ``last_grad_norm`` is then the pre-clip norm, a 0-d fp32 device
             tensor, equal on every rank.
-        free_grads: ZeRO-2 (module docstring, "Freeing the gradient"): after ``step()`` this rank
-            holds only its shard of the gradient and ``p.grad`` is None. Needs overlap_grad_reduce.
+        free_grads: ZeRO-2 (module docstring, "Freeing the gradient"): the backward holds a few
+            buckets of full gradient at a time, and after ``step()`` this rank holds no gradient
+            (``p.grad`` is None). Needs overlap_grad_reduce.
         prefetch_params: ``step()`` leaves the parameter all-gathers in flight and the next forward
             waits for each bucket's just before its first module runs (module docstring,
             "Prefetching the parameters"); needs the model: ``module=`` or ``attach(model)``.
@@ -320,6 +324,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._adamw_step_flat = adamw_step_flat
         self._clip: Any = None  # FusedClip and the table of the grad shards, built at the first clipped step
         self._shard_table: Any = None
+        self._shard_table_ptrs: tuple[int, ...] = ()  # the grad shards the table points at
+        self._shard_flat: torch.Tensor | None = None  # free_grads: every bucket's grad shard, one buffer a step
         if self.overlap_grad_reduce:
             self._check_not_hooked(all_params)
         if module is not None:
@@ -502,10 +508,10 @@ class ShardedAdamW(torch.optim.Optimizer):
         comm_flat = None
         if self._comm_cast and not self.free_grads:  # with free_grads made per step, like grad_flat
             comm_flat = torch.zeros(total, dtype=self.grad_comm_dtype, device=self.device)
-        # With free_grads the reduce-scatter writes the owned shard here, so grad_flat can go.
-        if self.free_grads:
-            grad_shard = torch.zeros(shard, device=self.device)
-        else:
+        # With free_grads the reduce-scatter writes the owned shard into the step's shard buffer
+        # (_allocate_shards), so grad_flat can go.
+        grad_shard = None
+        if not self.free_grads:
             assert grad_flat is not None
             grad_shard = grad_flat[lo:hi]
         return _Bucket(
@@ -563,6 +569,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         the buckets are released instead and every ``p.grad`` is None. It does not wait for
         prefetched all-gathers: it touches no parameter, and the next forward would wait behind them."""
         self._drop_round()
+        if self.free_grads:
+            self._release_shards()
         for b in self._buckets:
             if self.free_grads:
                 self._release_grads(b)
@@ -757,7 +765,8 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     def _release_grads(self, b: _Bucket) -> None:
         """free_grads: drops every reference to the full grad bucket (and its bf16 copy), so the
-        memory goes back to the allocator; the owned shard lives on in ``b.grad_shard``."""
+        memory goes back to the allocator; the owned shard lives on in ``b.grad_shard`` until the
+        step's updates are queued."""
         b.grad_flat, b.grad_views, b.comm_flat, b.comm_shard = None, [], None, None
         for p in b.params:
             p.grad = None
@@ -791,6 +800,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         clipping = update and self.max_grad_norm is not None
         if self.world_size == 1 or not communicate:
             self._drop_round()
+            self._allocate_shards(zero=True)  # free_grads: no reduction filled them this step
             for b in self._buckets:
                 if collect:
                     self._collect_grads(b)
@@ -828,12 +838,32 @@ class ShardedAdamW(torch.optim.Optimizer):
                 self._update(b, clip)
             if not self.prefetch_params:  # each gather right behind its update, beside the next ones
                 gathers.append((b, self._start_all_gather(b)))
+        if self.free_grads and update:
+            self._release_shards()  # read by the updates just queued: stream order keeps them valid
         if self.prefetch_params:
             # In the forward's order: the next forward's first modules get theirs first.
             self._gathers = {b.index: self._start_all_gather(b) for b in self._buckets}
             return
         for b, work in gathers:
             self._wait(work, "all-gather", b)
+
+    def _allocate_shards(self, zero: bool = False) -> None:
+        """free_grads: one buffer for every bucket's grad shard, made when a step first needs it
+        (the reduce-scatters write all of it) and released after the step's updates."""
+        if not self.free_grads or self._shard_flat is not None:
+            return
+        total = sum(b.shard_numel for b in self._buckets)
+        make = torch.zeros if zero else torch.empty
+        self._shard_flat = make(total, dtype=torch.float32, device=self.device)
+        offset = 0
+        for b in self._buckets:
+            b.grad_shard = self._shard_flat[offset : offset + b.shard_numel]
+            offset += b.shard_numel
+
+    def _release_shards(self) -> None:
+        self._shard_flat = None
+        for b in self._buckets:
+            b.grad_shard = None
 
     def _finish_reduction(self, b: _Bucket, work: Any) -> None:
         self._wait(work, "reduce-scatter", b)
@@ -843,6 +873,7 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     def _finish_reduce(self, b: _Bucket) -> None:
         """Turns the reduced shard into the averaged fp32 gradient in ``b.grad_shard``."""
+        assert b.grad_shard is not None
         if self._comm_cast:
             assert b.comm_shard is not None
             # Rounded to bf16: each rank's grad (the cast before sending) and the sum over the ranks
@@ -865,13 +896,19 @@ class ShardedAdamW(torch.optim.Optimizer):
 
         if self._clip is None:
             self._clip = FusedClip(self.max_grad_norm, self.device)
-            self._shard_table = FlatTable([b.grad_shard for b in self._buckets], BLOCK)
+        shards = [b.grad_shard for b in self._buckets if b.grad_shard is not None]
+        assert len(shards) == len(self._buckets)
+        ptrs = tuple(t.data_ptr() for t in shards)
+        if ptrs != self._shard_table_ptrs:  # free_grads' shard buffer may land elsewhere each step
+            self._shard_table = FlatTable(shards, BLOCK)
+            self._shard_table_ptrs = ptrs
         coef = self._clip.coefficient([self._shard_table.source],
                                       process_group=self.process_group if reduce else None)
         self.last_grad_norm = self._clip.norm
         return coef
 
     def _update(self, b: _Bucket, clip: torch.Tensor | None = None) -> None:
+        assert b.grad_shard is not None
         group = b.group
         beta1, beta2 = group["betas"]
         self._adamw_step_flat(
@@ -891,7 +928,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         if self.world_size == 1:
             return None  # a single process: the grads are already the average
         self._allocate_grads(b)
+        self._allocate_shards()
         assert b.grad_flat is not None
+        assert b.grad_shard is not None
         flat, shard, op = b.grad_flat, b.grad_shard, dist.ReduceOp.SUM
         if self._comm_cast:
             if b.comm_flat is None:  # free_grads released it with the grad bucket
