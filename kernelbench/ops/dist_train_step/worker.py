@@ -376,6 +376,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 mine = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
             _free(device)
             round_s[name] = time.monotonic() - t0
+            mine["round_s"] = [round(t0 - start, 3), round(round_s[name], 3)]  # (started at, took), rank's clock
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, mine)
             if rank == 0:
@@ -415,6 +416,7 @@ def _merge(entry: dict[str, Any], gathered: list[dict[str, Any]], round_index: i
             entry["peak_bytes"][i] = max(entry["peak_bytes"][i] or 0, g["peak_bytes"])
     entry["state_bytes"] = [g["state_bytes"] for g in gathered]
     entry.setdefault("phase_s", []).append(gathered[0].get("phase_s", {}))  # rank 0's, per round
+    entry.setdefault("round_s", []).append([g.get("round_s") for g in gathered])  # per round, per rank
     if "losses" in gathered[0]:
         entry["losses"] = [g["losses"] for g in gathered]
     entry["rounds_done"] = round_index + 1
