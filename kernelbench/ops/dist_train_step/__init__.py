@@ -40,7 +40,9 @@ BASELINE = "ddp+torch-fused"
 DEFAULT_WORKLOADS = {"gpu": ["llama-1b-1x2048", "llama-1b-4x2048"], "cpu": ["llama-tiny-1x32"]}
 LR = 1e-3  # large enough that the checked losses fall by far more than the tolerance
 MAX_GRAD_NORM = 1.0
-CHECK_STEPS = 3
+# Two: the third step at LR overshoots on random tokens (the reference's loss rises again), and there
+# any reduction order's rounding grows past the tolerance (results/2026-11-27-4xh200-dist-train-step).
+CHECK_STEPS = 2
 LOSS_RTOL = 1e-2  # bf16 autocast: the relative tolerance of a bf16 result
 # CPU ranks run the interpreter: one short round is a run-through, whatever the timing settings say.
 CPU_RUN_THROUGH = {"rounds": 1, "warmup_steps": 0, "reps": 1}
