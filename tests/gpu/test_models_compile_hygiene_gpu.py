@@ -53,16 +53,19 @@ def compile_and_step(caplog) -> tuple[list[str], torch.Tensor]:
 def analysed(monkeypatch):
     """Every call of Inductor's mutation analysis: (kernel name, tensor arguments, written)."""
     calls = []
-    analyse = triton_kernel_wrap.identify_accessed_tensors
+    # torch 2.13 names it identify_accessed_tensors (reads and writes); earlier ones
+    # identify_mutated_tensors (the names of the arguments written).
+    name = next(n for n in ("identify_accessed_tensors", "identify_mutated_tensors") if hasattr(triton_kernel_wrap, n))
+    analyse = getattr(triton_kernel_wrap, name)
 
     def spy(kernel, kwargs, tma_descriptor_metadata):
         result = analyse(kernel, kwargs, tma_descriptor_metadata)
         tensors = {k for k, v in kwargs.items() if isinstance(v, torch.Tensor) or type(v).__name__ == "TensorBox"}
-        calls.append((kernel.fn.__name__, kernel.fn.__module__, tensors,
-                      {dep.name for dep in result.read_writes.writes}))
+        written = {dep.name for dep in result.read_writes.writes} if hasattr(result, "read_writes") else set(result)
+        calls.append((kernel.fn.__name__, kernel.fn.__module__, tensors, written))
         return result
 
-    monkeypatch.setattr(triton_kernel_wrap, "identify_accessed_tensors", spy)
+    monkeypatch.setattr(triton_kernel_wrap, name, spy)
     return calls
 
 

@@ -1,5 +1,7 @@
 """Muon's memory on a small Llama: what stays allocated after the first steps, against the reference."""
 
+import gc
+
 import pytest
 import torch
 
@@ -11,9 +13,18 @@ from kernelbench.train import optimizer_state_bytes
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def _cuda_tensors() -> dict[int, torch.Tensor]:
+    found = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.is_cuda:
+            found[id(obj)] = obj
+    return found
+
+
 def _held_after_steps(cls, steps: int = 3, **hyper):
     """(allocator delta after ``steps`` steps of a fresh optimizer, the optimizer, Muon's parameters)."""
     clear_graph_cache()
+    gc.collect()  # an earlier run's garbage freed now, not inside this one's window
     with torch.device("cuda"):
         model = Llama(CONFIGS["llama-7m"])
     named = list(model.named_parameters())
@@ -34,8 +45,21 @@ def _held_after_steps(cls, steps: int = 3, **hyper):
 
 @pytest.mark.parametrize("ns_graph", [False, True])
 def test_muon_reports_what_it_holds(ns_graph):
+    known = set(_cuda_tensors())
     held, opt, _ = _held_after_steps(Muon, ns_graph=ns_graph)
-    assert abs(held - optimizer_state_bytes(opt)) <= 64 * 1024, (held, optimizer_state_bytes(opt))
+    reported = optimizer_state_bytes(opt)
+    # Every tensor the steps left alive is the model's, in the optimizer's state, or one of the
+    # launch tables (int32 / int64, a few KB).
+    params = {p.untyped_storage().data_ptr() for g in opt.param_groups for p in g["params"]}
+    state = {t.untyped_storage().data_ptr() for s in [*opt.state.values(), *(opt._adamw.state.values() if opt._adamw
+             else [])] for t in s.values() if isinstance(t, torch.Tensor)}
+    other = [t for i, t in _cuda_tensors().items() if i not in known
+             and t.untyped_storage().data_ptr() not in params | state]
+    assert all(t.dtype in (torch.int32, torch.int64) for t in other), [(t.shape, t.dtype) for t in other]
+    assert sum(t.untyped_storage().nbytes() for t in other) <= 64 * 1024
+    # The allocator may count up to 1 MiB more: a large-pool block is not split when less than
+    # 1 MiB would remain (llama-7m's 3 MiB stack of q / o momenta sits in a 4 MiB block).
+    assert 0 <= held - reported <= 2**20 + 64 * 1024, (held, reported)
 
 
 def test_muon_state_within_5_percent_of_the_reference():
@@ -48,6 +72,7 @@ def test_muon_with_graphs_holds_at_most_their_static_buffers_more():
     """ns_graph=True: each graph's fp32 input and output (8 B per Muon parameter) stay allocated."""
     muon, opt, n_muon = _held_after_steps(Muon, ns_graph=True)
     workspace = opt.workspace_bytes()  # read before the next run clears the graph cache
+    del opt
     ref, _, _ = _held_after_steps(MuonReference)
     assert workspace > 0
     assert muon <= ref + 8 * n_muon + 64 * 1024, (muon, ref, n_muon)

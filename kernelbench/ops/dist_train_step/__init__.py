@@ -132,6 +132,15 @@ def sharded_adamw_overlap_prefetch(setup):
     return worker.sharded_step(setup, overlap=True, prefetch=True)
 
 
+@OP.candidate("sharded-adamw-overlap+gather-group", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_gather_group(setup):
+    """sharded-adamw-overlap with its all-gathers on a second communicator (gather_group), so the
+    parameter gathers of the step's first updated buckets run beside its last reduce-scatters."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, gather_group=True)
+
+
 @OP.candidate("fsdp2-noreshard+torch-fused", requires=_GPUS, parity=False)
 def fsdp2_noreshard_torch_fused(setup):
     """FSDP2 fully_shard(reshard_after_forward=False) per attention / MLP + root, torch fused AdamW."""

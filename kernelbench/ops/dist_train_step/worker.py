@@ -165,7 +165,7 @@ def zero_overlap_step(setup: Setup) -> TrainStep | str:
                      warmup_iterations=2, params=list(model.parameters()))
 
 
-def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False) -> TrainStep | str:
+def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_group: bool = False) -> TrainStep | str:
     from kernelbench.optim.sharded_adamw import ShardedAdamW
 
     accepted = inspect.signature(ShardedAdamW).parameters
@@ -183,6 +183,8 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False) -> Trai
             kwargs["free_grads"] = True
     if prefetch:
         kwargs.update(prefetch_params=True, module=model)
+    if gather_group:  # the all-gathers on a communicator of their own, beside the reduce-scatters
+        kwargs["gather_group"] = dist.new_group(list(range(setup.world)))
     clipping = "torch"
     if "max_grad_norm" in accepted:
         kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
@@ -193,6 +195,8 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False) -> Trai
             else "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined")
     if prefetch:
         what += ", parameter all-gathers left to overlap the next forward (prefetch_params)"
+    if gather_group:
+        what += ", all-gathers on a second communicator (gather_group)"
     if clipping == "torch":
         clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
     return TrainStep(model, model, opt, what, clipping, opt.step, no_sync=no_sync, update_only=opt.update_only,
