@@ -67,9 +67,9 @@ Prefetching the parameters (``prefetch_params=True``): ``step()`` returns with i
 flight, issued after the updates in bucket order (the forward's order); a forward pre-hook on every
 module that owns a parameter (``attach(model)`` or ``module=``) waits for the all-gathers of that
 module's buckets just before its forward, so the next forward's first layers overlap the later
-buckets' gathers. ``step()``, the state dicts and
-``wait_params()`` wait for whatever is left (``zero_grad()`` touches no parameter, so does not);
-code that reads a parameter outside its module's forward must call ``wait_params()`` first.
+buckets' gathers. ``step()``, the state dicts and ``wait_params()`` wait for whatever is left
+(``zero_grad()`` touches no parameter, so does not); code that reads a parameter outside its
+module's forward must call ``wait_params()`` first.
 
 Gradient traffic in bf16 (``grad_comm_dtype=torch.bfloat16``): each bucket is cast into a bf16 copy
 that is reduce-scattered with SUM; the owned shard is upcast into the fp32 grad shard and scaled by
@@ -699,10 +699,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         a stream wait: the host goes on), turned into grad shards and their full buckets released."""
         launched = [i for i in self._launch_order[: self._next_launch] if i not in self._retired]
         for index in launched[: max(0, len(launched) - keep)]:
-            b = self._buckets[index]
-            self._wait(self._reductions[index], "reduce-scatter", b)
-            self._finish_reduce(b)
-            self._release_grads(b)
+            self._finish_reduction(self._buckets[index], self._reductions[index])
             self._retired.add(index)
 
     def _adopt_grad(self, b: _Bucket, position: int) -> None:
