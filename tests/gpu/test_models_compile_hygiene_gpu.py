@@ -28,14 +28,37 @@ def about_kernelbench(filename: str, message: str) -> bool:
     return str(Path(filename).resolve()).startswith(PACKAGE) or "kernelbench" in message
 
 
-def compile_and_step(caplog) -> tuple[list[str], torch.Tensor]:
+class _Collect(logging.Handler):
+    """Warnings logged while attached (pytest's caplog is off on the GPU machine: ``-p no:logging``)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def logged():
+    """WARNING and above from any logger: the root one and torch's (which does not propagate)."""
+    handler = _Collect()
+    loggers = [logging.getLogger(), logging.getLogger("torch")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler.records
+    for logger in loggers:
+        logger.removeHandler(handler)
+
+
+def compile_and_step(records: list[logging.LogRecord]) -> tuple[list[str], torch.Tensor]:
     """The model's loss under Inductor (fullgraph, dynamic), two fwd+bwd steps of different
     sequence lengths; what was warned about kernelbench, and the last loss."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Llama(TINY, "kernelbench", impl="triton").to("cuda")
     step = torch.compile(model.loss, backend="inductor", fullgraph=True, dynamic=True)
-    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for seq in (33, 47):
             tokens = torch.randint(0, TINY.vocab_size, (2, seq + 1), device="cuda")
@@ -44,7 +67,7 @@ def compile_and_step(caplog) -> tuple[list[str], torch.Tensor]:
         torch.cuda.synchronize()
     found = [f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}" for w in caught
              if about_kernelbench(w.filename, str(w.message))]
-    found += [f"log {r.name} at {r.pathname}:{r.lineno}: {r.getMessage()}" for r in caplog.records
+    found += [f"log {r.name} at {r.pathname}:{r.lineno}: {r.getMessage()}" for r in records
               if r.levelno >= logging.WARNING and about_kernelbench(r.pathname, r.getMessage())]
     return found, loss.detach()
 
@@ -69,12 +92,12 @@ def analysed(monkeypatch):
     return calls
 
 
-def test_inductor_compiles_kernelbench_layers_cleanly_and_analyses_every_kernel(analysed, caplog):
+def test_inductor_compiles_kernelbench_layers_cleanly_and_analyses_every_kernel(analysed, logged):
     traced_before = set(triton_kernel_wrap.kernel_side_table.id_to_kernel.values())
-    found, loss = compile_and_step(caplog)
+    found, loss = compile_and_step(logged)
     assert not found, "\n".join(found)
     assert torch.isfinite(loss)
-    fallbacks = [r.getMessage() for r in caplog.records if "assuming every input is mutated" in r.getMessage()]
+    fallbacks = [r.getMessage() for r in logged if "assuming every input is mutated" in r.getMessage()]
     assert not fallbacks, fallbacks
     ours = [c for c in analysed if c[1].startswith("kernelbench")]
     assert ours, "Inductor analysed no kernelbench kernel: the layers did not reach it as Triton kernels"
