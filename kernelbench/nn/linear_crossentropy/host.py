@@ -67,6 +67,10 @@ def forward(h2d: torch.Tensor, weight: torch.Tensor, t1d: torch.Tensor, ignore_i
     dh = torch.empty_like(h2d) if grad_hidden else None
     dw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if grad_weight else None
     logits_buffer = torch.empty((min(rows, n), v), dtype=h2d.dtype, device=h2d.device)
+    # fp16 cannot hold a mean's logit gradients (about 1 / (V * N): below its smallest subnormal at
+    # 32k x 3k), so they stay unscaled in the GEMMs and the gradients are divided once at the end.
+    scale_after = reduction == "mean" and h2d.dtype == torch.float16
+    grad_reduction = "sum" if scale_after else reduction
     for start in range(0, n, rows):
         end = min(start + rows, n)
         h_chunk, t_chunk = h2d[start:end], t1d[start:end]
@@ -76,7 +80,7 @@ def forward(h2d: torch.Tensor, weight: torch.Tensor, t1d: torch.Tensor, ignore_i
         loss.add_(chunk_loss)
         if dh is None and dw is None:
             continue
-        xent_host.backward(unit_grad, logits, t_chunk, lse, n_valid, ignore_index, reduction, out=logits)
+        xent_host.backward(unit_grad, logits, t_chunk, lse, n_valid, ignore_index, grad_reduction, out=logits)
         if dh is not None:
             torch.mm(logits, weight, out=dh[start:end])
         if dw is not None:
@@ -84,6 +88,10 @@ def forward(h2d: torch.Tensor, weight: torch.Tensor, t1d: torch.Tensor, ignore_i
                 torch.mm(logits.t(), h_chunk, out=dw)
             else:
                 dw.addmm_(logits.t(), h_chunk)
+    if scale_after:
+        for grad in (dh, dw):
+            if grad is not None:
+                grad.div_(n_valid)
     if reduction == "mean":
         loss = loss / n_valid  # 0 / 0 = NaN when every row is ignored, as torch
     return loss, dh, dw
