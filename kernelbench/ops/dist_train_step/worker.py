@@ -190,9 +190,11 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
     opt = ShardedAdamW(list(model.named_parameters()), **HYPERPARAMS, **kwargs)
     no_sync = getattr(opt, "no_sync", None) if overlap else contextlib.nullcontext
-    what = ("ShardedAdamW, reduce-scatters issued during backward" + (
-        ", full gradient buckets released once reduced (ZeRO-2)" if kwargs.get("free_grads") else "") if overlap
-            else "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined")
+    what = "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined"
+    if overlap:
+        what = "ShardedAdamW, reduce-scatters issued during backward"
+    if kwargs.get("free_grads"):
+        what += ", full gradient buckets released once reduced (ZeRO-2)"
     if prefetch:
         what += ", parameter all-gathers left to overlap the next forward (prefetch_params)"
     if gather_group:
