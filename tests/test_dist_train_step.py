@@ -128,10 +128,12 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
     assert list(medians.index)[0] == BASELINE  # the headline first
     assert medians.loc["zero-overlap+torch-fused", "status"] == "skipped"  # NCCL only
+    assert medians.loc["ddp-bf16-comm+torch-fused", "status"] == "skipped"
     ran = [c for c in medians.index if medians.loc[c, "status"] == "not-measured"]
     assert {BASELINE, "fsdp2+torch-fused", "fsdp2-noreshard+torch-fused", "fsdp2-bf16-noreshard+torch-fused",
             "fsdp2+triton-adamw", "sharded-adamw", "sharded-adamw-overlap",
-            "sharded-adamw-overlap+prefetch", "sharded-adamw-overlap+gather-group"} <= set(ran)
+            "sharded-adamw-overlap+prefetch", "sharded-adamw-overlap+gather-group",
+            "sharded-adamw-overlap+bf16-comm"} <= set(ran)
     verdicts = rows[rows.metric == "parity"].set_index("candidate")
     assert set(verdicts.status) == {"pass"} and "fsdp2+torch-fused" in verdicts.index
     written = json.loads((tmp_path / "dist-train-step-llama-tiny-1x32.json").read_text())

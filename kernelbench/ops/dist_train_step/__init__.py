@@ -141,6 +141,23 @@ def sharded_adamw_overlap_gather_group(setup):
     return worker.sharded_step(setup, overlap=True, gather_group=True)
 
 
+@OP.candidate("sharded-adamw-overlap+bf16-comm", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_bf16_comm(setup):
+    """sharded-adamw-overlap with grad_comm_dtype=torch.bfloat16: half the gradient traffic (fp32
+    moments and update); compare with ddp-bf16-comm+torch-fused, which rounds the same way."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, bf16_comm=True)
+
+
+@OP.candidate("ddp-bf16-comm+torch-fused", requires=_GPUS, parity=False)
+def ddp_bf16_comm_torch_fused(setup):
+    """DDP with torch's bf16_compress_hook (gradients all-reduced in bf16) + torch fused AdamW."""
+    from . import worker
+
+    return worker.ddp_step(setup, bf16_comm=True)
+
+
 @OP.candidate("fsdp2-noreshard+torch-fused", requires=_GPUS, parity=False)
 def fsdp2_noreshard_torch_fused(setup):
     """FSDP2 fully_shard(reshard_after_forward=False) per attention / MLP + root, torch fused AdamW."""

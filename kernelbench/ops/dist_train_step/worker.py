@@ -116,14 +116,22 @@ def _fused() -> dict[str, Any]:
     return {"fused": True}
 
 
-def ddp_step(setup: Setup) -> TrainStep:
+def ddp_step(setup: Setup, *, bf16_comm: bool = False) -> TrainStep | str:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if bf16_comm and setup.backend != "nccl":
+        return "skipped: DDP's bf16 compression hook all-reduces bf16 buckets, which runs on NCCL only"
     model = setup.model()
     ids = [setup.device.index] if setup.device.type == "cuda" else None
     ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    what = "DDP all-reduce in backward, torch fused AdamW on every parameter"
+    if bf16_comm:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        ddp.register_comm_hook(None, bf16_compress_hook)
+        what += ", gradients all-reduced in bf16 (bf16_compress_hook)"
     opt = torch.optim.AdamW(model.parameters(), **HYPERPARAMS, **_fused())
-    return TrainStep(ddp, model, opt, "DDP all-reduce in backward, torch fused AdamW on every parameter", "torch",
+    return TrainStep(ddp, model, opt, what, "torch",
                      opt.step, no_sync=ddp.no_sync, update_only=opt.step, comm_free_how="DDP no_sync",
                      params=list(model.parameters()))
 
@@ -165,7 +173,8 @@ def zero_overlap_step(setup: Setup) -> TrainStep | str:
                      warmup_iterations=2, params=list(model.parameters()))
 
 
-def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_group: bool = False) -> TrainStep | str:
+def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_group: bool = False,
+                 bf16_comm: bool = False) -> TrainStep | str:
     from kernelbench.optim.sharded_adamw import ShardedAdamW
 
     accepted = inspect.signature(ShardedAdamW).parameters
@@ -185,6 +194,8 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         kwargs.update(prefetch_params=True, module=model)
     if gather_group:  # the all-gathers on a communicator of their own, beside the reduce-scatters
         kwargs["gather_group"] = dist.new_group(list(range(setup.world)))
+    if bf16_comm:
+        kwargs["grad_comm_dtype"] = torch.bfloat16
     clipping = "torch"
     if "max_grad_norm" in accepted:
         kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
@@ -199,6 +210,8 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         what += ", parameter all-gathers left to overlap the next forward (prefetch_params)"
     if gather_group:
         what += ", all-gathers on a second communicator (gather_group)"
+    if bf16_comm:
+        what += ", gradients reduce-scattered in bf16 (grad_comm_dtype)"
     if clipping == "torch":
         clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
     return TrainStep(model, model, opt, what, clipping, opt.step, no_sync=no_sync, update_only=opt.update_only,
