@@ -152,6 +152,12 @@ def _free_grads_scenarios(rank: int) -> dict:
     freeing.step()
     report["shards_after_step"] = [b.grad_shard is not None for b in freeing._buckets] + [
         freeing._shard_flat is not None]
+    # The measuring split (communicate_only, then update_only) releases them like a step.
+    _loss(named, 2, rank).backward()
+    freeing.communicate_only()
+    report["shards_after_split"] = [freeing._shard_flat is not None]
+    freeing.update_only()
+    report["shards_after_split"].append(freeing._shard_flat is not None)
     freeing.remove_hooks()
 
     # A bucket of one parameter whose grad autograd made at the bucket's exact size (16 x 8 = 128
@@ -270,6 +276,7 @@ def test_free_grads_releases_buckets_during_the_backward(two_ranks):
         assert report["held_after_backward"] == [True, True, False], report["held_after_backward"]
         # the shards live from the step's first reduction to its updates
         assert report["shards_during_backward"] == [True] * 3 and report["shards_after_step"] == [False] * 4
+        assert report["shards_after_split"] == [True, False], report["shards_after_split"]
 
 
 def test_free_grads_takes_an_exact_size_grad_as_the_bucket(two_ranks):

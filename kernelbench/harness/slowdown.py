@@ -4,7 +4,8 @@
 ``OP/WORKLOAD/MODE/CANDIDATE=FRACTION`` for one case) makes the runner follow every call of that
 candidate with idle work lasting FRACTION of the call's own median time, measured once before the
 timing starts: on CUDA a spin kernel (``torch.cuda._sleep``) on the same stream, on the CPU a busy
-wait. The kernels and the library are untouched; the report flags the row ``test-slowdown`` and
+wait on the thread's own CPU clock, so that a loaded host stretches the delay as it stretches the call.
+The kernels and the library are untouched; the report flags the row ``test-slowdown`` and
 records the delay in a ``test_slowdown_ms`` row.
 """
 
@@ -80,8 +81,9 @@ def slowed(run: Callable[[], None], prepare: Callable[[], None], fraction: float
 
     def run_then_wait() -> None:
         run()
-        deadline = time.perf_counter() + delay_ms / 1e3
-        while time.perf_counter() < deadline:
+        # CPU time, not wall time: while the thread waits for a core the delay waits too.
+        deadline = time.thread_time() + delay_ms / 1e3
+        while time.thread_time() < deadline:
             pass
 
     return run_then_wait, delay_ms

@@ -807,6 +807,8 @@ class ShardedAdamW(torch.optim.Optimizer):
                 clip = self._clip_coefficient(reduce=communicate and self.world_size > 1)
                 for b in self._buckets:
                     self._update(b, clip)
+            if self.free_grads and update:
+                self._release_shards()  # as after a whole step: nothing reads them until the next reduction
             return
         # With overlap the hooks have launched a prefix of _launch_order; the rest follows it.
         order = self._launch_order if self.overlap_grad_reduce else range(len(self._buckets))

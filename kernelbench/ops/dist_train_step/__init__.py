@@ -101,7 +101,9 @@ OP = DistTrainStepOp(
     options=[nproc_option()],
 )
 
-# The order is the run's order: the headline comparison first, so a deadline cuts the diagnostics.
+# The order is the run's order: the comparison the op exists for first (DDP, ShardedAdamW overlapped,
+# FSDP2 with and without resharding, FSDP2 + TritonAdamW, ZeRO overlapped with DDP), then the variants
+# and the step-only diagnostic, so a deadline cuts those.
 # Each factory takes the worker's Setup and returns a worker.TrainStep; the check is the op's own.
 _GPUS = Requires(min_gpus=2)
 
@@ -123,56 +125,12 @@ def sharded_adamw_overlap(setup):
     return worker.sharded_step(setup, overlap=True)
 
 
-@OP.candidate("sharded-adamw-overlap+prefetch", requires=Requires(triton=True, min_gpus=2), parity=False)
-def sharded_adamw_overlap_prefetch(setup):
-    """sharded-adamw-overlap with prefetch_params=True: step() returns with the parameter all-gathers
-    in flight, each module's forward waits for its own bucket's."""
-    from . import worker
-
-    return worker.sharded_step(setup, overlap=True, prefetch=True)
-
-
-@OP.candidate("sharded-adamw-overlap+gather-group", requires=Requires(triton=True, min_gpus=2), parity=False)
-def sharded_adamw_overlap_gather_group(setup):
-    """sharded-adamw-overlap with its all-gathers on a second communicator (gather_group), so the
-    parameter gathers of the step's first updated buckets run beside its last reduce-scatters."""
-    from . import worker
-
-    return worker.sharded_step(setup, overlap=True, gather_group=True)
-
-
-@OP.candidate("sharded-adamw-overlap+bf16-comm", requires=Requires(triton=True, min_gpus=2), parity=False)
-def sharded_adamw_overlap_bf16_comm(setup):
-    """sharded-adamw-overlap with grad_comm_dtype=torch.bfloat16: half the gradient traffic (fp32
-    moments and update); compare with ddp-bf16-comm+torch-fused, which rounds the same way."""
-    from . import worker
-
-    return worker.sharded_step(setup, overlap=True, bf16_comm=True)
-
-
-@OP.candidate("ddp-bf16-comm+torch-fused", requires=_GPUS, parity=False)
-def ddp_bf16_comm_torch_fused(setup):
-    """DDP with torch's bf16_compress_hook (gradients all-reduced in bf16) + torch fused AdamW."""
-    from . import worker
-
-    return worker.ddp_step(setup, bf16_comm=True)
-
-
 @OP.candidate("fsdp2-noreshard+torch-fused", requires=_GPUS, parity=False)
 def fsdp2_noreshard_torch_fused(setup):
     """FSDP2 fully_shard(reshard_after_forward=False) per attention / MLP + root, torch fused AdamW."""
     from . import worker
 
     return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused")
-
-
-@OP.candidate("fsdp2-bf16-noreshard+torch-fused", requires=_GPUS, parity=False)
-def fsdp2_bf16_noreshard_torch_fused(setup):
-    """FSDP2 as large runs configure it: MixedPrecisionPolicy(bf16 parameters, fp32 reduction),
-    reshard_after_forward=False, torch fused AdamW on the fp32 shards."""
-    from . import worker
-
-    return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused", bf16_params=True)
 
 
 @OP.candidate("fsdp2+torch-fused", requires=_GPUS, parity=False)
@@ -197,6 +155,50 @@ def zero_overlap_torch_fused(setup):
     from . import worker
 
     return worker.zero_overlap_step(setup)
+
+
+@OP.candidate("sharded-adamw-overlap+bf16-comm", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_bf16_comm(setup):
+    """sharded-adamw-overlap with grad_comm_dtype=torch.bfloat16: half the gradient traffic (fp32
+    moments and update); compare with ddp-bf16-comm+torch-fused, which rounds the same way."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, bf16_comm=True)
+
+
+@OP.candidate("ddp-bf16-comm+torch-fused", requires=_GPUS, parity=False)
+def ddp_bf16_comm_torch_fused(setup):
+    """DDP with torch's bf16_compress_hook (gradients all-reduced in bf16) + torch fused AdamW."""
+    from . import worker
+
+    return worker.ddp_step(setup, bf16_comm=True)
+
+
+@OP.candidate("fsdp2-bf16-noreshard+torch-fused", requires=_GPUS, parity=False)
+def fsdp2_bf16_noreshard_torch_fused(setup):
+    """FSDP2 as large runs configure it: MixedPrecisionPolicy(bf16 parameters, fp32 reduction),
+    reshard_after_forward=False, torch fused AdamW on the fp32 shards."""
+    from . import worker
+
+    return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused", bf16_params=True)
+
+
+@OP.candidate("sharded-adamw-overlap+prefetch", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_prefetch(setup):
+    """sharded-adamw-overlap with prefetch_params=True: step() returns with the parameter all-gathers
+    in flight, each module's forward waits for its own bucket's."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, prefetch=True)
+
+
+@OP.candidate("sharded-adamw-overlap+gather-group", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_gather_group(setup):
+    """sharded-adamw-overlap with its all-gathers on a second communicator (gather_group), so the
+    parameter gathers of the step's first updated buckets run beside its last reduce-scatters."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, gather_group=True)
 
 
 @OP.candidate("sharded-adamw", requires=Requires(triton=True, min_gpus=2), parity=False)
