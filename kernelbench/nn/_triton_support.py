@@ -38,6 +38,21 @@ def runs_here(t: torch.Tensor) -> bool:
     return (t.is_cuda and HAVE_TRITON) or interpreter()
 
 
+# A parameter's data_ptr() is its data; a subclass's (DTensor, a wrapper or quantized tensor) need
+# not be, so the eager paths hand no subclass to a kernel.
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def foreign(*tensors: torch.Tensor | None) -> str | None:
+    """Why the kernels must not take these tensors' pointers (one is a tensor subclass), or None.
+    Eager calls only: traced calls see fake tensors, and Inductor hands the ops plain ones."""
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN_TYPES:
+            return (f"got a {type(t).__name__} (a tensor subclass, whose data_ptr() need not be its data); "
+                    "the kernels take plain tensors and nn.Parameter (a DTensor: pass .to_local() or .full_tensor())")
+    return None
+
+
 def why_not_here(t: torch.Tensor) -> str | None:
     """Why the kernels cannot take ``t`` here, or None when they can."""
     if not HAVE_TRITON:

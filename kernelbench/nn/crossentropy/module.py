@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
-from .._triton_support import require_const, runs_here_const
+from .._triton_support import foreign, require_const, runs_here_const
 from .._triton_support import why_not_here as triton_usable
 from .function import CrossEntropyFunction, cross_entropy_compiled, forward_no_grad
 from .host import REDUCTIONS, SUPPORTED_DTYPES, check_inputs
@@ -56,7 +56,8 @@ def cross_entropy(
     fp32 (fp64 for fp64 logits); the gradient has the logits' dtype. Nothing waits for the host:
     targets outside [0, V) give NaN losses instead of an error.
     ``impl``: "triton", "torch" (the expression above) or "auto" (Triton where it runs: CUDA
-    tensors with triton installed, or TRITON_INTERPRET=1; else torch).
+    tensors with triton installed, or TRITON_INTERPRET=1; else torch). A tensor subclass (DTensor)
+    takes torch's path under "auto" and is an error under "triton".
     """
     if impl not in IMPLS:
         raise ValueError(f"cross_entropy: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
@@ -64,15 +65,16 @@ def cross_entropy(
     # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
     check_inputs(logits, targets, ignore_index, reduction)
+    unsafe = None if compiling else foreign(logits, targets)
     if impl == "auto":
-        runs = runs_here_const(logits.is_cuda) if compiling else triton_usable(logits) is None
+        runs = runs_here_const(logits.is_cuda) if compiling else triton_usable(logits) is None and not unsafe
         impl = "triton" if runs else "torch"
     if impl == "torch":
         return cross_entropy_ref_fp32(logits, targets, ignore_index, reduction)
     if compiling:
         require_const(logits.is_cuda, "cross_entropy(impl='triton')")
         return cross_entropy_compiled(logits, targets, ignore_index, reduction)
-    why_not = triton_usable(logits)
+    why_not = unsafe or triton_usable(logits)
     if why_not:
         raise ValueError(f"cross_entropy(impl='triton'): {why_not}; use impl='torch' or impl='auto'")
     if torch.is_grad_enabled() and logits.requires_grad:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._triton_support import runs_here_const
+from .._triton_support import foreign, runs_here_const
 from .._triton_support import why_not_here as triton_usable
 from .function import LinearCrossEntropyFunction, forward_no_grad, linear_cross_entropy_compiled
 from .host import check_inputs
@@ -50,12 +50,13 @@ def linear_cross_entropy(
     ``host.plan_chunk_rows``'s rule). The gradients are computed during the forward, so a call
     that records a gradient holds them (N * H + V * H elements) until its backward. Nothing waits
     for the host: targets outside [0, V) give a NaN loss instead of an error. Where the
-    Triton kernels cannot run (CPU tensors without TRITON_INTERPRET=1, no triton) it computes the
-    reference.
+    Triton kernels cannot run (CPU tensors without TRITON_INTERPRET=1, no triton) or must not take
+    an input (a tensor subclass such as DTensor) it computes the reference.
     """
     check_inputs(hidden, weight, targets, ignore_index, reduction, chunk_rows)
     compiling = torch.compiler.is_compiling()
-    runs = runs_here_const(hidden.is_cuda) if compiling else triton_usable(hidden) is None
+    runs = (runs_here_const(hidden.is_cuda) if compiling
+            else triton_usable(hidden) is None and not foreign(hidden, weight, targets))
     if not runs:
         return linear_cross_entropy_ref(hidden, weight, targets, ignore_index, reduction)
     grad_hidden = torch.is_grad_enabled() and hidden.requires_grad

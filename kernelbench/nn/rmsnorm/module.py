@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
-from .._triton_support import require_const, runs_here
+from .._triton_support import foreign, require_const, runs_here
 from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from .function import RMSNormFunction, forward_no_grad, rms_norm_compiled
 from .host import MAX_N, SUPPORTED_DTYPES, check_inputs, triton_usable
@@ -66,6 +66,7 @@ def rms_norm(
     stream). ``eps=None`` means ``torch.finfo(x.dtype).eps``, as in ``torch.nn.RMSNorm``.
     ``impl``: "triton", "torch" (``torch.nn.functional.rms_norm``) or "auto" (the faster of the
     two for this shape and dtype, measured once and cached on disk; see kernelbench.nn.autoselect).
+    A tensor subclass (DTensor) takes torch's path under "auto" and is an error under "triton".
     """
     if impl not in IMPLS:
         raise ValueError(f"rms_norm: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
@@ -78,8 +79,9 @@ def rms_norm(
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad)
         or (residual is not None and residual.requires_grad))
+    unsafe = None if compiling else foreign(x, weight, residual)
     if impl == "auto":
-        impl = "torch" if x.shape[-1] > MAX_N else choose_impl(
+        impl = "torch" if x.shape[-1] > MAX_N or unsafe else choose_impl(
             AUTOSELECT, tuple(x.shape), x.dtype, x.device, requires_grad=needs_grad)
     if impl == "torch":
         return _torch_rms_norm(x, weight, eps, residual)
@@ -89,8 +91,8 @@ def rms_norm(
             raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row "
                              "the Triton kernels take; use impl='torch' or impl='auto'")
         return rms_norm_compiled(x, weight, residual, float(eps))
-    if not runs_here(x) or x.shape[-1] > MAX_N:
-        raise ValueError(f"rms_norm(impl='triton'): {triton_usable(x)}; use impl='torch' or impl='auto'")
+    if unsafe or not runs_here(x) or x.shape[-1] > MAX_N:
+        raise ValueError(f"rms_norm(impl='triton'): {unsafe or triton_usable(x)}; use impl='torch' or impl='auto'")
     if needs_grad:
         return _rms_norm_autograd(x, weight, residual, float(eps))
     # No gradient to record: skip autograd.Function's bookkeeping and rstd's allocation (host

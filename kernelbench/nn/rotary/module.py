@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from ...fast_launch import fast_apply
-from .._triton_support import require_const, runs_here
+from .._triton_support import foreign, require_const, runs_here
 from .._triton_support import why_not_here as triton_usable
 from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from . import host
@@ -111,12 +111,16 @@ def apply_rotary(
     through). ``style``: "half" (HF rotate_half) or "interleaved" (GPT-J). ``position_offset``:
     an int, or an int tensor of shape (B,), added to the positions 0..S-1 (KV cache).
     ``impl``: "triton", "torch" (``rotary_ref``) or "auto" (measured once per shape, cached).
+    A tensor subclass (DTensor) takes torch's path under "auto" and is an error under "triton".
     """
     if impl not in IMPLS:
         raise ValueError(f"apply_rotary: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
     cos, sin = check_inputs(q, k, cos, sin, style, layout, position_offset)
+    unsafe = None if torch.compiler.is_compiling() else foreign(q, k, cos, sin)
+    if impl == "auto" and unsafe:
+        impl = "torch"
     if impl == "auto":
         qb, kb = bhsd_shape(q, layout), bhsd_shape(k, layout)
         shape = (qb[0], qb[1], kb[1], qb[2], qb[3], cos.shape[-1])
@@ -129,8 +133,8 @@ def apply_rotary(
         offsets, offset = offsets_for_kernel(position_offset, q.device)
         return torch.ops.kernelbench.rotary(q, k, table_for_kernel(cos), table_for_kernel(sin), offsets, offset,
                                             style == "interleaved", layout == "bshd", False)
-    if not runs_here(q):
-        raise ValueError(f"apply_rotary(impl='triton'): {triton_usable(q)}; use impl='torch' or impl='auto'")
+    if unsafe or not runs_here(q):
+        raise ValueError(f"apply_rotary(impl='triton'): {unsafe or triton_usable(q)}; use impl='torch' or impl='auto'")
     offsets, offset = offsets_for_kernel(position_offset, q.device)
     cos, sin = table_for_kernel(cos), table_for_kernel(sin)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
@@ -158,7 +162,7 @@ def apply_rotary_(
     if torch.compiler.is_compiling():
         require_const(q.is_cuda, "apply_rotary_", remedy="")  # Triton only: no other impl to offer
     else:
-        why_not = triton_usable(q)
+        why_not = foreign(q, k, cos, sin) or triton_usable(q)
         if why_not is not None:
             raise ValueError(f"apply_rotary_: {why_not}")
     offsets, offset = offsets_for_kernel(position_offset, q.device)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
-from .._triton_support import require_const, runs_here, runs_here_const
+from .._triton_support import foreign, require_const, runs_here, runs_here_const
 from .._triton_support import why_not_here as triton_usable
 from . import host
 from .function import SiluMulFunction
@@ -42,7 +42,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
 
     ``impl``: "triton" (one fused kernel forward, one backward), "torch"
     (``F.silu(gate) * up``) or "auto": Triton where it can run (a CUDA tensor with triton
-    installed, or TRITON_INTERPRET=1), else torch. Non-contiguous inputs are copied first; the
+    installed, or TRITON_INTERPRET=1), else torch; a tensor subclass (DTensor) takes torch's path
+    under "auto" and is an error under "triton". Non-contiguous inputs are copied first; the
     result is contiguous. Under ``torch.compile`` the Triton path is the custom ops
     ``kernelbench::silu_mul_fwd`` / ``silu_mul_bwd`` (no graph break, forward or backward).
     """
@@ -52,16 +53,17 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     # Traced too: under torch.compile a bad input then raises this same error (fullgraph=True
     # wraps it in Dynamo's "Observed exception"); valid inputs trace to shape guards only.
     check_inputs(gate, up)
+    unsafe = None if compiling else foreign(gate, up)
     if impl == "auto":
-        usable = runs_here_const(gate.is_cuda) if compiling else runs_here(gate)
+        usable = runs_here_const(gate.is_cuda) if compiling else runs_here(gate) and not unsafe
         impl = "triton" if usable else "torch"
     if impl == "torch":
         return F.silu(gate) * up
     if compiling:
         require_const(gate.is_cuda, "silu_mul(impl='triton')")
         return torch.ops.kernelbench.silu_mul_fwd(gate, up)
-    if not runs_here(gate):
-        raise ValueError(f"silu_mul(impl='triton'): {triton_usable(gate)}; use impl='torch' or impl='auto'")
+    if unsafe or not runs_here(gate):
+        raise ValueError(f"silu_mul(impl='triton'): {unsafe or triton_usable(gate)}; use impl='torch' or impl='auto'")
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return _silu_mul_autograd(gate, up)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
