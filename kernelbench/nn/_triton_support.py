@@ -12,10 +12,13 @@ launch through ``wrap_triton`` so Inductor launches the kernels from its own gen
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 
 import torch
+
+from ..fast_launch import current_device
 
 try:
     import triton
@@ -51,6 +54,24 @@ def foreign(*tensors: torch.Tensor | None) -> str | None:
             return (f"got a {type(t).__name__} (a tensor subclass, whose data_ptr() need not be its data); "
                     "the kernels take plain tensors and nn.Parameter (a DTensor: pass .to_local() or .full_tensor())")
     return None
+
+
+def on_input_device(fn: Callable) -> Callable:
+    """Runs an eager call under the device guard of its first argument's GPU where that is not the
+    current device, as torch's own ops do: Triton launches on the current device, where a kernel
+    reading another GPU's memory faults (or, with peer access, crawls over the link)."""
+    name = next(iter(inspect.signature(fn).parameters))  # the first argument, also given by keyword
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            first = args[0] if args else kwargs.get(name)
+            if isinstance(first, torch.Tensor) and first.is_cuda and first.get_device() != current_device():
+                with torch.cuda.device(first.device):
+                    return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return guarded
 
 
 def why_not_here(t: torch.Tensor) -> str | None:

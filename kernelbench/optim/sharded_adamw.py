@@ -793,6 +793,12 @@ class ShardedAdamW(torch.optim.Optimizer):
             torch._foreach_zero_(zero)
 
     def _run(self, *, collect: bool, communicate: bool, update: bool) -> None:
+        # Triton launches on the current device, which need not be the parameters' GPU.
+        guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with guard:
+            self._run_here(collect=collect, communicate=communicate, update=update)
+
+    def _run_here(self, *, collect: bool, communicate: bool, update: bool) -> None:
         self.wait_params()
         clipping = update and self.max_grad_norm is not None
         if self.world_size == 1 or not communicate:

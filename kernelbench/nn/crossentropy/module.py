@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
-from .._triton_support import foreign, require_const, runs_here_const
+from .._triton_support import foreign, on_input_device, require_const, runs_here_const
 from .._triton_support import why_not_here as triton_usable
 from .function import CrossEntropyFunction, cross_entropy_compiled, forward_no_grad
 from .host import REDUCTIONS, SUPPORTED_DTYPES, check_inputs
@@ -39,6 +39,7 @@ def cross_entropy_ref_fp32(
     return loss.view(targets.shape) if reduction == "none" else loss
 
 
+@on_input_device
 def cross_entropy(
     logits: torch.Tensor,
     targets: torch.Tensor,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._triton_support import foreign, runs_here_const
+from .._triton_support import foreign, on_input_device, runs_here_const
 from .._triton_support import why_not_here as triton_usable
 from .function import LinearCrossEntropyFunction, forward_no_grad, linear_cross_entropy_compiled
 from .host import check_inputs
@@ -31,6 +31,7 @@ def linear_cross_entropy_ref(hidden: torch.Tensor, weight: torch.Tensor, targets
                            reduction=reduction)
 
 
+@on_input_device
 def linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,

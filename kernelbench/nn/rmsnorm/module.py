@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
-from .._triton_support import foreign, require_const, runs_here
+from .._triton_support import foreign, on_input_device, require_const, runs_here
 from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from .function import RMSNormFunction, forward_no_grad, rms_norm_compiled
 from .host import MAX_N, SUPPORTED_DTYPES, check_inputs, triton_usable
@@ -52,6 +52,7 @@ def _torch_rms_norm(x, weight, eps, residual):
     return F.rms_norm(h, (h.shape[-1],), weight, eps), h
 
 
+@on_input_device
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,

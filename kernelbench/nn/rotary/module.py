@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from ...fast_launch import fast_apply
-from .._triton_support import foreign, require_const, runs_here
+from .._triton_support import foreign, on_input_device, require_const, runs_here
 from .._triton_support import why_not_here as triton_usable
 from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from . import host
@@ -93,6 +93,7 @@ def rotary_ref(
     return one(q), one(k)
 
 
+@on_input_device
 def apply_rotary(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -143,6 +144,7 @@ def apply_rotary(
     return host.forward(q, k, cos, sin, offsets, offset, style == "interleaved", layout)
 
 
+@on_input_device
 def apply_rotary_(
     q: torch.Tensor,
     k: torch.Tensor,

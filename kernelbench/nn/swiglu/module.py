@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
-from .._triton_support import foreign, require_const, runs_here, runs_here_const
+from .._triton_support import foreign, on_input_device, require_const, runs_here, runs_here_const
 from .._triton_support import why_not_here as triton_usable
 from . import host
 from .function import SiluMulFunction
@@ -36,6 +36,7 @@ def silu_mul_ref_fp32(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate.to(compute)) * up.to(compute)).to(gate.dtype)
 
 
+@on_input_device
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` for gate and up of one shape, dtype (fp32 / bf16 / fp16 / fp64) and
     device; math in fp32 (fp64 for fp64), the result rounded once to the input dtype.

@@ -1,6 +1,8 @@
 """No layer hands a kernel the pointer of a tensor subclass (DTensor, a wrapper or quantized tensor):
 impl="triton" is a clear error naming the type before any launch, impl="auto" takes torch's path
-(CPU, Triton interpreter; launches counted at the interpreter's entry)."""
+(CPU, Triton interpreter; launches counted at the interpreter's entry). The device guard every entry
+point wears (a GPU other than the current one: tests/gpu/test_nn_other_device_gpu.py) takes its
+first tensor by position or by keyword."""
 
 from __future__ import annotations
 
@@ -143,3 +145,24 @@ def test_dtensor_inputs_take_torchs_path_or_name_the_type():
         assert report["rms_norm_auto"] < 1e-5 and report["silu_mul_auto"] < 1e-6, report
         assert "got a DTensor" in report["rms_norm_triton"] and ".to_local()" in report["rms_norm_triton"]
         assert report["lce"] == "DTensor", report
+
+
+def test_the_device_guard_takes_the_first_tensor_by_keyword_too():
+    from kernelbench.nn import linear_cross_entropy
+    from kernelbench.nn.crossentropy import cross_entropy
+    from kernelbench.nn.rmsnorm import rms_norm
+    from kernelbench.nn.rotary import apply_rotary
+    from kernelbench.nn.swiglu import silu_mul
+
+    t = _inputs()
+    torch.testing.assert_close(rms_norm(x=t["x"], weight=t["w"], impl="triton"), rms_norm(t["x"], t["w"], impl="torch"))
+    torch.testing.assert_close(silu_mul(gate=t["gate"], up=t["up"], impl="triton"),
+                               silu_mul(t["gate"], t["up"], impl="torch"))
+    torch.testing.assert_close(cross_entropy(logits=t["logits"], targets=t["targets"], impl="triton"),
+                               cross_entropy(t["logits"], t["targets"], impl="torch"))
+    torch.testing.assert_close(apply_rotary(q=t["q"], k=t["k"], cos=t["cos"], sin=t["sin"], impl="triton")[0],
+                               apply_rotary(t["q"], t["k"], t["cos"], t["sin"], impl="torch")[0])
+    torch.testing.assert_close(linear_cross_entropy(hidden=t["hidden"], weight=t["head"], targets=t["targets"]),
+                               linear_cross_entropy(t["hidden"], t["head"], t["targets"]))
+    for fn in (rms_norm, silu_mul, cross_entropy, apply_rotary, linear_cross_entropy):
+        assert fn.__wrapped__.__name__ == fn.__name__  # the guard keeps the name and docstring users read
