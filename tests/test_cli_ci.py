@@ -303,7 +303,7 @@ def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
         (("compare", ".", ".", "--threshold", "-1"), "--threshold -1: must be at least 0"),
         (("run", "dist-adamw", "--bucket-mb", "-1"), "--bucket-mb -1: must be greater than 0"),
         (("run", "adamw", "--steps", "5"), "dist-adamw options only"),
-        (("run", "adamw", "--bucket-mb", "3"), "--bucket-mb: dist-adamw options only"),
+        (("run", "adamw", "--bucket-mb", "3"), "--bucket-mb: dist-adamw, dist-train-step options only"),
         # Owners are named sorted, whatever order the registry loads them in.
         (("run", "adamw", "--nproc", "4"), "--nproc: dist-adamw, dist-train-step options only"),
         (

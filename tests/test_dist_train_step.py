@@ -112,13 +112,15 @@ def test_worker_step_counts_follow_the_time_budgets():
     assert step_counts(fixed, None, 2) == (2, 1)
 
 
-def test_op_takes_the_timing_options_and_nproc_not_the_others():
+def test_op_takes_the_timing_options_nproc_and_bucket_size_not_the_others():
     op = get_op("dist-train-step")
-    assert {"--rounds", "--rep-ms", "--warmup-ms"} <= set(op.takes) and set(op.options) == {"--nproc"}
+    assert {"--rounds", "--rep-ms", "--warmup-ms"} <= set(op.takes) and set(op.options) == {"--nproc", "--bucket-mb"}
     settings = op.settings("cuda", {"--nproc": 4})
-    assert settings["nproc"] == 4 and settings["rounds"] == 3
-    result = invoke("run", "dist-train-step", "--bucket-mb", "3")
+    assert settings["nproc"] == 4 and settings["rounds"] == 3 and settings["bucket_mb"] is None
+    result = invoke("run", "dist-train-step", "--steps", "3")
     assert result.exit_code == 2 and "not accepted by dist-train-step" in result.output
+    assert "--bucket-mb" in result.output  # named among what it takes
+    assert invoke("run", "dist-train-step", "--bucket-mb", "0").exit_code == 2
 
 
 def test_run_through_on_two_cpu_ranks(tmp_path):
@@ -146,10 +148,11 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
 
 def test_candidates_chosen_with_c_are_the_only_ones_the_ranks_run(tmp_path):
     result = invoke("run", "dist-train-step", "--nproc", "2", "--device", "cpu", "-c", "sharded-adamw",
-                    "-c", BASELINE, "--output-dir", tmp_path)
+                    "-c", BASELINE, "--bucket-mb", "0.5", "--output-dir", tmp_path)
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "dist-train-step-llama-tiny-1x32.json").read_text())
     assert list(written["candidates"]) == [BASELINE, "sharded-adamw"]  # the op's order: the anchor first
+    assert "0.5 MiB buckets" in written["candidates"]["sharded-adamw"]["what"]
     rows = pd.read_csv(tmp_path / "results.csv")
     assert set(rows.candidate) == {BASELINE, "sharded-adamw"}
 

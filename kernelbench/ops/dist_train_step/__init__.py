@@ -33,7 +33,7 @@ from kernelbench.harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPE
 from kernelbench.models.grid import BY_NAME
 
 from ..base import Requires, Workload
-from ..launched_op import DEFAULT_NPROC, LaunchedOp, nproc_option
+from ..launched_op import DEFAULT_NPROC, LaunchedOp, OpOption, nproc_option
 
 WORKER = f"{__name__}.worker"
 BASELINE = "ddp+torch-fused"
@@ -77,7 +77,8 @@ class DistTrainStepOp(LaunchedOp):
         timing = timing or DEFAULT_TIMING
         values = self.given_values(given)
         return {"nproc": values.get("nproc", DEFAULT_NPROC), "rounds": timing.rounds, "warmup_ms": timing.warmup_ms,
-                "rep_ms": timing.rep_ms, "min_reps": timing.min_reps, "max_reps": timing.max_reps}
+                "rep_ms": timing.rep_ms, "min_reps": timing.min_reps, "max_reps": timing.max_reps,
+                "bucket_mb": values.get("bucket_mb")}
 
     def run_workload(self, workload: str, device: str, folder: Path,
                      settings: Mapping[str, Any]) -> tuple[list[Row], str | None]:
@@ -98,7 +99,10 @@ OP = DistTrainStepOp(
     reference=BASELINE,
     speed_anchor=BASELINE,
     default_workloads=DEFAULT_WORKLOADS,
-    options=[nproc_option()],
+    options=[nproc_option(),
+             OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: dist-adamw "
+                      "ShardedAdamW's own, 256 with a gather group and 1024 without; dist-train-step 256 for the "
+                      "overlapped candidates). dist-train-step: every ShardedAdamW candidate's.", above=0)],
 )
 
 # The order is the run's order: the comparison the op exists for first (DDP, ShardedAdamW overlapped,
@@ -228,6 +232,8 @@ def launch_workload(settings: Mapping[str, Any], workload: str, output: Path, *,
     args = ["--workload", workload, "--budget-s", max(1.0, timeout_s - BUDGET_MARGIN_S)]
     for key, value in worker_plan(settings, cpu).items():
         args += [f"--{key.replace('_', '-')}", value]
+    if settings.get("bucket_mb") is not None:
+        args += ["--bucket-mb", settings["bucket_mb"]]
     if settings.get("candidates"):  # -c: these only (a whole run of every candidate may outlast a call)
         args += ["--candidates", ",".join(settings["candidates"])]
     return launch(WORKER, nproc, [str(a) for a in args], output, timeout_s=timeout_s, cpu=cpu, name=OP.name)

@@ -51,6 +51,7 @@ class Setup:
     device: torch.device
     world: int
     backend: str
+    bucket_bytes: int | None = None  # --bucket-mb: every ShardedAdamW candidate's buckets
 
     def model(self) -> torch.nn.Module:
         from kernelbench.distributed.fsdp import build_model
@@ -190,6 +191,8 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         kwargs = {"overlap_grad_reduce": True, "grad_comm_dtype": None, "bucket_bytes": OVERLAP_BUCKET_BYTES}
         if "free_grads" in accepted:
             kwargs["free_grads"] = True
+    if setup.bucket_bytes is not None:
+        kwargs["bucket_bytes"] = setup.bucket_bytes
     if prefetch:
         kwargs.update(prefetch_params=True, module=model)
     if gather_group:  # the all-gathers on a communicator of their own, beside the reduce-scatters
@@ -212,6 +215,7 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         what += ", all-gathers on a second communicator (gather_group)"
     if bf16_comm:
         what += ", gradients reduce-scattered in bf16 (grad_comm_dtype)"
+    what += f", {opt.bucket_bytes / 2**20:g} MiB buckets"
     if clipping == "torch":
         clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
     return TrainStep(model, model, opt, what, clipping, opt.step, no_sync=no_sync, update_only=opt.update_only,
@@ -231,14 +235,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=None, help="fixed warm-up steps (instead of --warmup-ms)")
     parser.add_argument("--reps", type=int, default=None, help="fixed timed steps per round (instead of --rep-ms)")
     parser.add_argument("--budget-s", type=float, default=1e9, help="no candidate's round starts past this")
+    parser.add_argument("--bucket-mb", type=float, default=None, help="every ShardedAdamW candidate's bucket size")
     parser.add_argument("--candidates", default=None, help="comma-separated subset, in the op's order")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="process group timeout")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.workload not in OP.workloads:
         parser.error(f"unknown workload {args.workload}")
-    if args.rounds < 1 or args.budget_s <= 0:
-        parser.error("--rounds must be >= 1 and --budget-s > 0")
+    if args.rounds < 1 or args.budget_s <= 0 or (args.bucket_mb is not None and args.bucket_mb <= 0):
+        parser.error("--rounds must be >= 1, --budget-s > 0 and --bucket-mb > 0")
     return args
 
 
@@ -363,7 +368,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     from kernelbench.models import LlamaConfig
 
     workload = OP.workloads[args.workload]
-    setup = Setup(LlamaConfig(**workload.spec["config"]), workload.seed, device, world, backend)
+    bucket_bytes = None if args.bucket_mb is None else int(args.bucket_mb * 2**20)
+    setup = Setup(LlamaConfig(**workload.spec["config"]), workload.seed, device, world, backend, bucket_bytes)
     names = list(OP.candidates) if args.candidates is None else args.candidates.split(",")
     spec = workload.spec
     result: dict[str, Any] = {
