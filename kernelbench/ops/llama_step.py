@@ -369,6 +369,13 @@ def kernelbench_eager():
     return StepSpec("kernelbench")
 
 
+@llama_step.candidate("kernelbench-eager+auto", requires=Requires(triton=True))
+def kernelbench_eager_auto():
+    """kernelbench layers eager with impl="auto": RMSNorm and rotary each take the faster of Triton and
+    torch at this model's shapes (measured once, cached), launch time included."""
+    return StepSpec("kernelbench", impl="auto")
+
+
 @llama_step.candidate("kernelbench-compile", requires=Requires(triton=True))
 def kernelbench_compile():
     """kernelbench layers (custom ops), the step under torch.compile(fullgraph=True)."""
