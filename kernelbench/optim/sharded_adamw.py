@@ -793,9 +793,9 @@ class ShardedAdamW(torch.optim.Optimizer):
             torch._foreach_zero_(zero)
 
     def _run(self, *, collect: bool, communicate: bool, update: bool) -> None:
-        # Triton launches on the current device, which need not be the parameters' GPU.
-        guard = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-        with guard:
+        from kernelbench.optim._triton_utils import on_device  # imports triton: loaded with the kernels
+
+        with on_device(self.device):  # Triton launches on the current device, maybe not the params' GPU
             self._run_here(collect=collect, communicate=communicate, update=update)
 
     def _run_here(self, *, collect: bool, communicate: bool, update: bool) -> None:
@@ -901,8 +901,8 @@ class ShardedAdamW(torch.optim.Optimizer):
 
         if self._clip is None:
             self._clip = FusedClip(self.max_grad_norm, self.device)
-        shards = [b.grad_shard for b in self._buckets if b.grad_shard is not None]
-        assert len(shards) == len(self._buckets)
+        shards = [b.grad_shard for b in self._buckets]
+        assert all(t is not None for t in shards)
         ptrs = tuple(t.data_ptr() for t in shards)
         if ptrs != self._shard_table_ptrs:  # free_grads' shard buffer may land elsewhere each step
             self._shard_table = FlatTable(shards, BLOCK)
