@@ -264,6 +264,7 @@ def run(
     bucket_mb: Annotated[float | None, typer.Option("--bucket-mb", help=op_option_help("--bucket-mb"))] = None,
     gather_group: Annotated[bool | None, typer.Option("--gather-group/--no-gather-group",
                                                          help=op_option_help("--gather-group"))] = None,
+    stall_s: Annotated[float | None, typer.Option("--stall-s", help=op_option_help("--stall-s"))] = None,
     seed: SeedOpt = None,
     sweep: SweepOpt = None,
     model: Annotated[str | None, typer.Option("--model", help="llama-step: a model of the grid (list --workloads) "
@@ -289,7 +290,8 @@ def run(
         from .ops.llama_step import model_workload_texts
 
         workload = model_workload_texts(op, model, tokens, workload)
-    launched = {"--nproc": nproc, "--steps": steps, "--bucket-mb": bucket_mb, "--gather-group": gather_group}
+    launched = {"--nproc": nproc, "--steps": steps, "--bucket-mb": bucket_mb, "--gather-group": gather_group,
+                "--stall-s": stall_s}
     options = RunOptions(
         op=op, config=config, candidates=candidate, workloads=workload, modes=mode, state=state,
         cuda_graph=cuda_graph or None, warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds,

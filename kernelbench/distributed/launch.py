@@ -22,7 +22,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +84,15 @@ def command(module: str, nproc: int, args: Sequence[str], output: Path) -> list[
 
 
 def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeout_s: float = 900.0,
-           cpu: bool = False, name: str = "the ranks", one_gpu: bool = False) -> dict[str, Any]:
+           cpu: bool = False, name: str = "the ranks", one_gpu: bool = False,
+           stalled: Callable[[dict[str, Any] | None], str | None] | None = None,
+           poll_s: float = 2.0) -> dict[str, Any]:
     """Runs ``module`` on ``nproc`` ranks and returns the JSON rank 0 wrote to ``output``.
 
     ``one_gpu``: the ranks see only the first visible GPU.
+    ``stalled``: called every ``poll_s`` with what ``output`` holds so far (None before rank 0
+    wrote it); a message back means the ranks are stuck: the tree is killed and the result so far
+    comes back with ``stalled`` set to the message (RuntimeError when there is none).
     Raises RuntimeError when the run fails or passes ``timeout_s`` (the whole process tree is
     killed; the message starts with ``name`` and ends with the tail of the ranks' output). A run
     whose ranks fail, or pass ``timeout_s``, after rank 0 wrote a result (a worker may rewrite
@@ -107,37 +114,62 @@ def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeou
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
 
     cmd = command(module, nproc, args, output)
-    # A session of its own, so that a timeout kills torchrun and every rank it started.
-    # torchrun ends its ranks on SIGTERM; it gets one when this process dies, however it dies.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stop_tree(proc)
-        log, _ = proc.communicate()
-        message = (f"{name}: no result after {timeout_s:.0f} s (a rank hung?); killed. "
-                   f"Command: {' '.join(cmd)}\n" + _tail(log))
-        partial = _read_result(output)
+    # The ranks' output goes to a file, not a pipe: nothing to drain while the ranks are watched.
+    with tempfile.TemporaryFile("w+") as log_file:
+        # A session of its own, so that a timeout kills torchrun and every rank it started.
+        # torchrun ends its ranks on SIGTERM; it gets one when this process dies, however it dies.
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        try:
+            stall = _wait(proc, output, timeout_s, stalled, poll_s)
+        except BaseException:
+            stop_tree(proc)  # Ctrl-C, SIGTERM, any error of the caller's: no rank outlives it
+            raise
+        if proc.returncode is None:  # stalled or past the deadline
+            stop_tree(proc)
+        log_file.seek(0)
+        log = log_file.read()
+    partial = _read_result(output)
+    if stall is not None or proc.returncode is None:
+        message = (f"{name}: {stall}" if stall is not None
+                   else f"{name}: no result after {timeout_s:.0f} s (a rank hung?)")
+        message += f"; killed. Command: {' '.join(cmd)}\n" + _tail(log)
         if partial is None:
-            raise RuntimeError(message) from None
-        # A worker that writes its result as it goes keeps what it measured before the deadline.
+            raise RuntimeError(message)
+        # A worker that writes its result as it goes keeps what it measured before it was stopped.
         partial["teardown_error"] = message.replace("\n", " | ")[-2000:]
+        if stall is not None:
+            partial["stalled"] = stall
         return partial
-    except BaseException:
-        stop_tree(proc)  # Ctrl-C, SIGTERM, any error of the caller's: no rank outlives it
-        raise
-    result = _read_result(output)
-    if result is None:
+    if partial is None:
         raise RuntimeError(f"{name}: the ranks failed (exit code {proc.returncode}). Command: {' '.join(cmd)}\n"
                            + _tail(log))
     if proc.returncode != 0:
         # Rank 0 writes the JSON only after every rank's results reached it, so the measurement
         # is complete; what failed is the shutdown (a Gloo rank can abort in teardown on a loaded
         # machine). Keep the result and say so.
-        result["teardown_error"] = (f"the ranks exited with code {proc.returncode} after the results were written: "
-                                    + _tail(log, 6).replace("\n", " | "))
-    return result
+        partial["teardown_error"] = (f"the ranks exited with code {proc.returncode} after the results were written: "
+                                     + _tail(log, 6).replace("\n", " | "))
+    return partial
+
+
+def _wait(proc: subprocess.Popen, output: Path, timeout_s: float,
+          stalled: Callable[[dict[str, Any] | None], str | None] | None, poll_s: float) -> str | None:
+    """Waits for the launcher to exit, at most ``timeout_s``; returns ``stalled``'s message if it
+    reported one first (``proc.returncode`` stays None when the launcher is still running)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(timeout=max(0.0, min(left, poll_s) if stalled is not None else left))
+            return None
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return None
+        if stalled is not None:
+            message = stalled(_read_result(output))
+            if message is not None:
+                return message
 
 
 def _cuda_available() -> bool:

@@ -23,7 +23,9 @@ memory and optimizer state per rank (largest rank), exposed communication, and t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,10 @@ CPU_RUN_THROUGH = {"rounds": 1, "warmup_steps": 0, "reps": 1}
 LAUNCH_TIMEOUT_S = {"cuda": 1500.0, "cpu": 300.0}
 # The worker stops starting candidates this long before the launch's deadline, so its JSON is final.
 BUDGET_MARGIN_S = 60.0
+# A round of a 1B workload takes under 30 s on 4 H200s (results/2026-11-27-4xh200-dist-train-step); one
+# with no result after this long has a rank stuck in a collective. CPU ranks: the launch's deadline.
+ROUND_STALL_S = {"cuda": 240.0, "cpu": None}
+MAX_HUNG = 3  # hung candidates left out before the run gives up on relaunching
 
 # The model grid's Llama-3.2-1B at its full 16 layers, and its toy model for CPU ranks.
 LLAMA_1B = dataclasses.asdict(dataclasses.replace(BY_NAME["llama-3.2-1b-layer4"].config, n_layers=16))
@@ -78,13 +84,13 @@ class DistTrainStepOp(LaunchedOp):
         values = self.given_values(given)
         return {"nproc": values.get("nproc", DEFAULT_NPROC), "rounds": timing.rounds, "warmup_ms": timing.warmup_ms,
                 "rep_ms": timing.rep_ms, "min_reps": timing.min_reps, "max_reps": timing.max_reps,
-                "bucket_mb": values.get("bucket_mb")}
+                "bucket_mb": values.get("bucket_mb"), "stall_s": values.get("stall_s")}
 
     def run_workload(self, workload: str, device: str, folder: Path,
                      settings: Mapping[str, Any]) -> tuple[list[Row], str | None]:
         try:
             result = launch_workload(settings, workload, folder / f"{self.name}-{workload}.json",
-                                     cpu=device == "cpu")
+                                     cpu=device == "cpu", stall_s=settings.get("stall_s"))
         except RuntimeError as exc:
             return self.launch_error(workload, settings, BASELINE, exc)
         rows = result_rows(result)
@@ -102,7 +108,10 @@ OP = DistTrainStepOp(
     options=[nproc_option(),
              OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: dist-adamw "
                       "ShardedAdamW's own, 256 with a gather group and 1024 without; dist-train-step 256 for the "
-                      "overlapped candidates). dist-train-step: every ShardedAdamW candidate's.", above=0)],
+                      "overlapped candidates). dist-train-step: every ShardedAdamW candidate's.", above=0),
+             OpOption("--stall-s", "stall_s", "seconds after which a candidate's round with no result counts as hung: "
+                      "it becomes an error row and the other candidates run again without it (default: 240 on "
+                      "GPUs, none on CPU ranks)", above=0)],
 )
 
 # The order is the run's order: the comparison the op exists for first (DDP, ShardedAdamW overlapped,
@@ -222,21 +231,61 @@ def worker_plan(settings: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
 
 
 def launch_workload(settings: Mapping[str, Any], workload: str, output: Path, *, cpu: bool = False,
-                    timeout_s: float | None = None) -> dict[str, Any]:
+                    timeout_s: float | None = None, stall_s: float | None = None) -> dict[str, Any]:
     """Runs the worker on ``settings['nproc']`` ranks; returns rank 0's JSON (complete or as far
     as it got). Raises UsageError for bad arguments before any process starts, RuntimeError when
-    the ranks bring back nothing."""
+    the ranks bring back nothing.
+
+    A candidate whose round gives no result within ``stall_s`` (a rank stuck in a collective) is
+    recorded as an error; the ranks are stopped and every other candidate runs again, in a new
+    launch, so that the anchor and the rest are still measured in one run."""
     nproc = settings["nproc"]
     OP.check_launch(workload, nproc, cpu)
     timeout_s = timeout_s or LAUNCH_TIMEOUT_S["cpu" if cpu else "cuda"]
+    stall_s = stall_s if stall_s is not None else ROUND_STALL_S["cpu" if cpu else "cuda"]
+    names = list(settings.get("candidates") or OP.candidates)
+    deadline = time.monotonic() + timeout_s
+    hung: dict[str, dict[str, Any]] = {}
+    while True:
+        left = deadline - time.monotonic()
+        chosen = [n for n in names if n not in hung] if hung or settings.get("candidates") else None
+        result = _launch_once(settings, workload, output, cpu, left, chosen, stall_s)
+        running = result.get("running")
+        if "stalled" not in result or not running:
+            break
+        hung[running["candidate"]] = {
+            "status": "error",
+            "reason": f"hung: its round {running['round']} gave no result within {stall_s:.0f} s (a rank stuck in "
+                      "a collective); the ranks were stopped and the other candidates measured again without it"}
+        others = [n for n in names if n not in hung]
+        if len(hung) >= MAX_HUNG or not others or deadline - time.monotonic() < BUDGET_MARGIN_S:
+            result.pop("running", None)
+            break
+    if hung:
+        result["candidates"] = {n: hung.get(n) or result["candidates"].get(n) or
+                                {"status": "pending", "reason": "not reached before the run ended"} for n in names}
+    return result
+
+
+def _launch_once(settings: Mapping[str, Any], workload: str, output: Path, cpu: bool, timeout_s: float,
+                 candidates: list[str] | None, stall_s: float | None) -> dict[str, Any]:
     args = ["--workload", workload, "--budget-s", max(1.0, timeout_s - BUDGET_MARGIN_S)]
     for key, value in worker_plan(settings, cpu).items():
         args += [f"--{key.replace('_', '-')}", value]
     if settings.get("bucket_mb") is not None:
         args += ["--bucket-mb", settings["bucket_mb"]]
-    if settings.get("candidates"):  # -c: these only (a whole run of every candidate may outlast a call)
-        args += ["--candidates", ",".join(settings["candidates"])]
-    return launch(WORKER, nproc, [str(a) for a in args], output, timeout_s=timeout_s, cpu=cpu, name=OP.name)
+    if candidates:  # -c, or the candidates left after a hung one
+        args += ["--candidates", ",".join(candidates)]
+    return launch(WORKER, settings["nproc"], [str(a) for a in args], output, timeout_s=timeout_s, cpu=cpu,
+                  name=OP.name, stalled=None if stall_s is None else functools.partial(round_stalled, stall_s))
+
+
+def round_stalled(stall_s: float, partial: dict[str, Any] | None) -> str | None:
+    """The launcher's watch: a message when the worker's current round has run past ``stall_s``."""
+    running = (partial or {}).get("running")
+    if running and time.time() - running["since_unix"] > stall_s:
+        return f"{running['candidate']}'s round {running['round']} gave no result within {stall_s:.0f} s"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -394,6 +394,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 if entry["status"] == "pending":
                     entry.update(status="skipped", reason=f"time budget ({args.budget_s:.0f} s) spent before it ran")
                 continue
+            if rank == 0:  # what the launcher watches: a round that never ends is a hung candidate
+                result["running"] = {"candidate": name, "round": r + 1, "since_unix": time.time()}
+                _write(args.output, result)
             t0 = time.monotonic()
             try:
                 mine: dict[str, Any] = run_candidate_round(name, setup, args, workload, rank, est, r == 0)
@@ -405,6 +408,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, mine)
             if rank == 0:
+                result.pop("running", None)
                 _merge(result["candidates"][name], gathered, r)
                 result["timing"] = next((g["timing"] for g in gathered if "timing" in g), result["timing"])
                 _write(args.output, result)
