@@ -127,3 +127,15 @@ def test_cpu_ranks_are_not_watched_unless_asked(fake_launch, tmp_path):
     settings = {"nproc": 2, "rounds": 1, "warmup_ms": 25, "rep_ms": 100, "min_reps": 1, "max_reps": 10}
     op_module.launch_workload(settings, "llama-tiny-1x32", tmp_path / "o.json", cpu=True)
     assert calls[0]["stalled"] is None and "--candidates" not in calls[0]["args"]
+
+
+def test_stall_s_is_checked_and_belongs_to_dist_train_step():
+    from typer.testing import CliRunner
+
+    from kernelbench.cli import app
+
+    runner = CliRunner()
+    zero = runner.invoke(app, ["run", "dist-train-step", "--stall-s", "0"])
+    assert zero.exit_code != 0 and "--stall-s 0: must be greater than 0" in zero.output
+    other = runner.invoke(app, ["run", "rmsnorm", "--stall-s", "5"])
+    assert other.exit_code != 0 and "dist-train-step options only" in other.output

@@ -112,11 +112,13 @@ def test_worker_step_counts_follow_the_time_budgets():
     assert step_counts(fixed, None, 2) == (2, 1)
 
 
-def test_op_takes_the_timing_options_nproc_and_bucket_size_not_the_others():
+def test_op_takes_the_timing_options_nproc_bucket_size_and_stall_not_the_others():
     op = get_op("dist-train-step")
-    assert {"--rounds", "--rep-ms", "--warmup-ms"} <= set(op.takes) and set(op.options) == {"--nproc", "--bucket-mb"}
-    settings = op.settings("cuda", {"--nproc": 4})
+    assert {"--rounds", "--rep-ms", "--warmup-ms"} <= set(op.takes)
+    assert set(op.options) == {"--nproc", "--bucket-mb", "--stall-s"}
+    settings = op.settings("cuda", {"--nproc": 4, "--stall-s": 30.0})
     assert settings["nproc"] == 4 and settings["rounds"] == 3 and settings["bucket_mb"] is None
+    assert settings["stall_s"] == 30.0 and op.settings("cuda", {})["stall_s"] is None
     result = invoke("run", "dist-train-step", "--steps", "3")
     assert result.exit_code == 2 and "not accepted by dist-train-step" in result.output
     assert "--bucket-mb" in result.output  # named among what it takes
