@@ -10,7 +10,7 @@ import pytest
 import kernelbench.ops.dist_train_step as op_module
 from kernelbench.distributed import launch as launch_module
 from kernelbench.harness.rows import ERROR, OK
-from kernelbench.ops.dist_train_step import BASELINE, result_rows, round_stalled
+from kernelbench.ops.dist_train_step import BASELINE, ROUND_STALL_S, default_stall_s, result_rows, round_stalled
 
 HANGING_WORKER = '''
 import json, sys, time
@@ -53,6 +53,13 @@ def test_round_stalled_only_past_the_limit():
     assert round_stalled(10.0, {"running": {"candidate": "x", "round": 2, "since_unix": now - 5}}) is None
     assert round_stalled(10.0, {"running": {"candidate": "x", "round": 2, "since_unix": now - 11}}) == \
         "x's round 2 gave no result within 10 s"
+
+
+def test_the_gpu_default_grows_with_the_rounds_timing_budget():
+    quick = {"rounds": 3, "warmup_ms": 25.0, "rep_ms": 1500.0}
+    assert default_stall_s(quick) == pytest.approx(ROUND_STALL_S + 2 * (0.025 + 1.0))
+    # --rep-ms 600000 over 3 rounds: each round times 200 s, and its comm-free steps as long again
+    assert default_stall_s({**quick, "rep_ms": 600000.0}) > ROUND_STALL_S + 400
 
 
 def _measured(name):

@@ -52,8 +52,9 @@ LAUNCH_TIMEOUT_S = {"cuda": 1500.0, "cpu": 300.0}
 # The worker stops starting candidates this long before the launch's deadline, so its JSON is final.
 BUDGET_MARGIN_S = 60.0
 # A round of a 1B workload takes under 30 s on 4 H200s (results/2026-11-27-4xh200-dist-train-step); one
-# with no result after this long has a rank stuck in a collective. CPU ranks: the launch's deadline.
-ROUND_STALL_S = {"cuda": 240.0, "cpu": None}
+# with no result after this long, beyond its timed steps, has a rank stuck in a collective. CPU ranks:
+# the launch's deadline only.
+ROUND_STALL_S = 240.0
 MAX_HUNG = 3  # hung candidates left out before the run gives up on relaunching
 
 # The model grid's Llama-3.2-1B at its full 16 layers, and its toy model for CPU ranks.
@@ -110,8 +111,8 @@ OP = DistTrainStepOp(
                       "ShardedAdamW's own, 256 with a gather group and 1024 without; dist-train-step 256 for the "
                       "overlapped candidates). dist-train-step: every ShardedAdamW candidate's.", above=0),
              OpOption("--stall-s", "stall_s", "seconds after which a candidate's round with no result counts as hung: "
-                      "it becomes an error row and the other candidates run again without it (default: 240 on "
-                      "GPUs, none on CPU ranks)", above=0)],
+                      "it becomes an error row and the other candidates run again without it (default on GPUs: 240 "
+                      "plus twice a round's --warmup-ms and --rep-ms; none on CPU ranks)", above=0)],
 )
 
 # The order is the run's order: the comparison the op exists for first (DDP, ShardedAdamW overlapped,
@@ -242,7 +243,8 @@ def launch_workload(settings: Mapping[str, Any], workload: str, output: Path, *,
     nproc = settings["nproc"]
     OP.check_launch(workload, nproc, cpu)
     timeout_s = timeout_s or LAUNCH_TIMEOUT_S["cpu" if cpu else "cuda"]
-    stall_s = stall_s if stall_s is not None else ROUND_STALL_S["cpu" if cpu else "cuda"]
+    if stall_s is None and not cpu:
+        stall_s = default_stall_s(settings)
     names = list(settings.get("candidates") or OP.candidates)
     deadline = time.monotonic() + timeout_s
     hung: dict[str, dict[str, Any]] = {}
@@ -278,6 +280,12 @@ def _launch_once(settings: Mapping[str, Any], workload: str, output: Path, cpu: 
         args += ["--candidates", ",".join(candidates)]
     return launch(WORKER, settings["nproc"], [str(a) for a in args], output, timeout_s=timeout_s, cpu=cpu,
                   name=OP.name, stalled=None if stall_s is None else functools.partial(round_stalled, stall_s))
+
+
+def default_stall_s(settings: Mapping[str, Any]) -> float:
+    """ROUND_STALL_S beyond twice a round's timing budget (warm-up, then the timed and comm-free reps)."""
+    per_round_ms = settings["warmup_ms"] + 2 * settings["rep_ms"] / settings["rounds"]
+    return ROUND_STALL_S + 2 * per_round_ms / 1e3
 
 
 def round_stalled(stall_s: float, partial: dict[str, Any] | None) -> str | None:
