@@ -29,6 +29,25 @@ def device() -> str:
     return DEVICE
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Every process but this one whose command line contains ``text`` (from /proc)."""
+    from pathlib import Path
+
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return [p for p in pids if p != os.getpid()]
+
+
+@pytest.fixture(name="processes_mentioning")
+def processes_mentioning_fixture():
+    return processes_mentioning
+
+
 @pytest.fixture
 def registry_sandbox():
     """Whatever a test registers (plugins, scratch candidates) is gone after it, and the sources

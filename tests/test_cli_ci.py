@@ -137,15 +137,6 @@ def test_default_report_folder_is_under_reports(tmp_path, monkeypatch):
 
 
 # -- 4 / 6. signals, orphans, closed pipes ------------------------------------------------------
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text in cmdline.read_bytes().decode(errors="replace"):
-                pids.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return [p for p in pids if p != os.getpid()]
 
 
 def _wait_for(predicate, timeout_s: float) -> bool:
@@ -159,7 +150,7 @@ def _wait_for(predicate, timeout_s: float) -> bool:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc (Linux)")
 @pytest.mark.parametrize("how", ["SIGTERM to the parent", "SIGINT to the process group", "SIGKILL to the parent"])
-def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how):
+def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how, processes_mentioning):
     out = tmp_path / "dist"
     proc = subprocess.Popen(
         [
@@ -188,7 +179,7 @@ def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how):
     marker = str(out / "dist-adamw-tiny.json")  # on torchrun's and every rank's command line
     try:
         # torchrun plus two ranks (their command lines carry the output path).
-        assert _wait_for(lambda: len(_processes_mentioning(marker)) >= 3, 120), "ranks never started"
+        assert _wait_for(lambda: len(processes_mentioning(marker)) >= 3, 120), "ranks never started"
         if how.startswith("SIGINT"):
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -197,7 +188,7 @@ def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert _wait_for(lambda: not _processes_mentioning(marker), 30), "ranks outlived the parent"
+    assert _wait_for(lambda: not processes_mentioning(marker), 30), "ranks outlived the parent"
     if how.startswith("SIGKILL"):
         return  # a killed parent closes nothing; what matters is that no rank is left running
     assert proc.returncode == (143 if how.startswith("SIGTERM") else 130), stderr
@@ -208,13 +199,13 @@ def test_ending_dist_adamw_ends_its_ranks_and_closes_the_report(tmp_path, how):
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc (Linux)")
-def test_dist_launch_timeout_kills_every_rank(tmp_path):
+def test_dist_launch_timeout_kills_every_rank(tmp_path, processes_mentioning):
     from kernelbench.ops.dist_adamw import launch_workload
 
     output = tmp_path / "dist.json"
     with pytest.raises(RuntimeError, match="no result after"):
         launch_workload(2, "tiny", 1_000_000, output, timeout_s=25, cpu=True)
-    assert _wait_for(lambda: not _processes_mentioning(str(output)), 30)
+    assert _wait_for(lambda: not processes_mentioning(str(output)), 30)
 
 
 def test_sigterm_closes_the_report_like_ctrl_c(tmp_path):

@@ -125,12 +125,13 @@ def launch(module: str, nproc: int, args: Sequence[str], output: Path, *, timeou
         except BaseException:
             stop_tree(proc)  # Ctrl-C, SIGTERM, any error of the caller's: no rank outlives it
             raise
-        if proc.returncode is None:  # stalled or past the deadline
+        killed = proc.returncode is None  # stalled or past the deadline
+        if killed:
             stop_tree(proc)
         log_file.seek(0)
         log = log_file.read()
     partial = _read_result(output)
-    if stall is not None or proc.returncode is None:
+    if killed:
         message = (f"{name}: {stall}" if stall is not None
                    else f"{name}: no result after {timeout_s:.0f} s (a rank hung?)")
         message += f"; killed. Command: {' '.join(cmd)}\n" + _tail(log)
