@@ -46,9 +46,9 @@ for step in "$@"; do
     gputests)  # each file on its own, so that one that hangs costs only its own limit
       for file in tests/gpu/test_*.py; do
         run_step "gputests-$(basename "$file" .py)" "${GPUTESTS_TIMEOUT:-240}" \
-          python3 -m pytest -m gpu "$file" -v -p no:cacheprovider -p no:logging -rfs --durations=5
+          env KERNELBENCH_PRINT_FAILURES=1 python3 -m pytest -m gpu "$file" -v -p no:cacheprovider -p no:logging -rfs --durations=5
       done ;;
-    gputests:*) run_step "gputests-$n" "${GPUTESTS_TIMEOUT:-500}" python3 -m pytest -m gpu ${step#gputests:} -v -p no:cacheprovider -p no:logging -rfs --durations=5 ;;
+    gputests:*) run_step "gputests-$n" "${GPUTESTS_TIMEOUT:-500}" env KERNELBENCH_PRINT_FAILURES=1 python3 -m pytest -m gpu ${step#gputests:} -v -p no:cacheprovider -p no:logging -rfs --durations=5 ;;
     ci) run_step ci 550 python3 -m kernelbench run --config configs/ci.toml --output-dir "$WORK/reports/ci" ;;
     kb:*)
       name="step$n-$(echo "${step#kb:}" | tr -cs 'A-Za-z0-9' '-' | cut -c1-60)"

@@ -29,6 +29,13 @@ def device() -> str:
     return DEVICE
 
 
+def pytest_runtest_logreport(report):
+    """KERNELBENCH_PRINT_FAILURES=1 (the GPU runs): a failure's report printed when it happens, so a
+    session cut by its time limit still shows why each test failed."""
+    if report.failed and os.environ.get("KERNELBENCH_PRINT_FAILURES"):
+        print(f"\n--- {report.nodeid} failed ({report.when}):\n{report.longreprtext[-4000:]}\n", flush=True)
+
+
 def processes_mentioning(text: str) -> list[int]:
     """Every process but this one whose command line contains ``text`` (from /proc)."""
     from pathlib import Path
