@@ -402,6 +402,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 mine: dict[str, Any] = run_candidate_round(name, setup, args, workload, rank, est, r == 0)
             except Exception as exc:  # every rank raising (OOM, a missing API) leaves the others in step
                 mine = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
+                # in the ranks' log at once: where only some ranks raise, the gather below never returns
+                print(f"[rank {rank}] {name}, round {r + 1}: {mine['error']}", file=sys.stderr, flush=True)
             _free(device)
             round_s[name] = time.monotonic() - t0
             mine["round_s"] = [round(t0 - start, 3), round(round_s[name], 3)]  # (started at, took), rank's clock
