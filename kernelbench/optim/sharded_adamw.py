@@ -64,12 +64,12 @@ parameter whose grad autograd made with the bucket's exact size takes that tenso
 instead (no copy). With one process the whole gradient is owned, so nothing is freed.
 
 Prefetching the parameters (``prefetch_params=True``): ``step()`` returns with its all-gathers in
-flight, issued after the updates in bucket order (the forward's order); a forward pre-hook on every
-module that owns a parameter (``attach(model)`` or ``module=``) waits for the all-gathers of that
-module's buckets just before its forward, so the next forward's first layers overlap the later
-buckets' gathers. ``step()``, the state dicts and ``wait_params()`` wait for whatever is left
-(``zero_grad()`` touches no parameter, so does not); code that reads a parameter outside its
-module's forward must call ``wait_params()`` first.
+flight, in bucket order (the forward's order; clipped, each right behind its bucket's update, else
+after every update); a forward pre-hook on every module that owns a parameter (``attach(model)`` or
+``module=``) waits for the all-gathers of that module's buckets just before its forward, so the next
+forward's first layers overlap the later buckets' gathers. ``step()``, the state dicts and
+``wait_params()`` wait for whatever is left (``zero_grad()`` touches no parameter, so does not); code
+that reads a parameter outside its module's forward must call ``wait_params()`` first.
 
 Gradient traffic in bf16 (``grad_comm_dtype=torch.bfloat16``): each bucket is cast into a bf16 copy
 that is reduce-scattered with SUM; the owned shard is upcast into the fp32 grad shard and scaled by
@@ -835,19 +835,25 @@ class ShardedAdamW(torch.optim.Optimizer):
                 if index not in retired:
                     self._finish_reduction(self._buckets[index], reductions[index])
             clip = self._clip_coefficient(reduce=True)
-        for index in order:
+        # Clipped, every reduction is already finished, so a prefetching step updates in the
+        # forward's order with each gather right behind its own update: the first modules' gathers
+        # start at once and the rest overlap the updates still queued.
+        interleave = self.prefetch_params and clipping
+        for index in range(len(self._buckets)) if interleave else order:
             b = self._buckets[index]
             if not clipping and index not in retired:
                 self._finish_reduction(b, reductions[index])
             if update:
                 self._update(b, clip)
-            if not self.prefetch_params:  # each gather right behind its update, beside the next ones
+            if interleave:
+                self._gathers[index] = self._start_all_gather(b)
+            elif not self.prefetch_params:  # each gather right behind its update, beside the next ones
                 gathers.append((b, self._start_all_gather(b)))
         if self.free_grads and update:
             self._release_shards()  # read by the updates just queued: stream order keeps them valid
         if self.prefetch_params:
-            # In the forward's order: the next forward's first modules get theirs first.
-            self._gathers = {b.index: self._start_all_gather(b) for b in self._buckets}
+            if not interleave:  # after every update, in the forward's order: first modules first
+                self._gathers = {b.index: self._start_all_gather(b) for b in self._buckets}
             return
         for b, work in gathers:
             self._wait(work, "all-gather", b)
