@@ -171,10 +171,13 @@ class HFStepCase:
 
 # Whole model against the unpatched one in fp32 / fp64, relative Frobenius error per tensor. bf16
 # is looser than llama-step's: transformers rotates q / k with bf16 cos / sin and rounds after
-# every product, kernelbench and liger round once from fp32, and each layer compounds the gap.
+# every product, and each layer compounds the gap. The unpatched model itself, in bf16, is 0.093
+# from fp32 on Llama-3.2-1B's shapes (results/2026-11-27-4xh200-hf-parity): this bound catches gross
+# errors; tests/gpu/test_hf_patch_gpu.py holds a patched model to the unpatched model's own bf16 error.
 _TOLERANCES = {
     "fp32": Tolerance(0, 0, fro=1e-4, reason="whole model: relative Frobenius error per tensor"),
-    "bf16": Tolerance(0, 0, fro=8e-2, reason="whole model in bf16, q / k rotated in bf16 by transformers"),
+    "bf16": Tolerance(0, 0, fro=0.12, reason="whole model in bf16 (the unpatched model's own bf16 error: up to "
+                      "0.093), q / k rotated in bf16 by transformers"),
 }
 
 hf_step = HFStepOp(

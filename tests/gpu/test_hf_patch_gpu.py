@@ -16,12 +16,41 @@ pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers", reason="transformers (an optional peer) is not installed")
 
 PARITY_WORKLOADS = ["hf-smollm-135m-layer4-parity", "hf-qwen2.5-0.5b-layer4-parity", "hf-llama-3.2-1b-layer4-parity"]
+# liger's patch under torch.compile stops in Dynamo (an AssertionError in its RMSNorm) on the Qwen2.5
+# and Llama-3.2 twins with transformers 5.x (results/2026-11-27-4xh200-hf-parity): SmolLM's only.
+CASES = [(c, w) for c in ("hf-compile", "kernelbench-eager", "kernelbench-compile", "liger-eager")
+         for w in PARITY_WORKLOADS] + [("liger-compile", PARITY_WORKLOADS[0])]
+# A patched model's worst tensor against fp32 may be this much worse than the unpatched model's own
+# in bf16 (measured: 0.998-1.044, results/2026-11-27-4xh200-hf-parity).
+OWN_BF16_ERROR_FACTOR = 1.1
+_ROWS: dict[tuple[str, str], list[dict]] = {}
 
 
-@pytest.mark.parametrize("candidate", ["hf-compile", "kernelbench-eager", "kernelbench-compile", "liger-eager",
-                                       "liger-compile"])
-def test_hf_step_candidates_match_the_unpatched_model(candidate):
-    assert_parity("hf-step", candidate, workloads=PARITY_WORKLOADS, steps=2, device="cuda")
+def _parity_rows(candidate: str, workload: str) -> list[dict]:
+    if (candidate, workload) not in _ROWS:
+        _ROWS[candidate, workload] = assert_parity("hf-step", candidate, workloads=[workload], steps=2, device="cuda")
+    return _ROWS[candidate, workload]
+
+
+def _worst_rel_fro(rows: list[dict]) -> tuple[float, str]:
+    worst = max((r for r in rows if r["metric"] == "parity_rel_fro" and r["value"] is not None),
+                key=lambda r: r["value"])
+    return float(worst["value"]), worst["tensor"]
+
+
+@pytest.mark.parametrize(("candidate", "workload"), CASES)
+def test_hf_step_candidates_match_the_unpatched_model(candidate, workload):
+    _parity_rows(candidate, workload)
+
+
+@pytest.mark.parametrize("workload", PARITY_WORKLOADS)
+@pytest.mark.parametrize("candidate", ["kernelbench-eager", "kernelbench-compile"])
+def test_patched_model_is_as_close_to_fp32_as_the_unpatched_model_in_bf16(candidate, workload):
+    ours, ours_tensor = _worst_rel_fro(_parity_rows(candidate, workload))
+    theirs, theirs_tensor = _worst_rel_fro(_parity_rows("hf-compile", workload))
+    assert ours <= OWN_BF16_ERROR_FACTOR * theirs, (
+        f"{candidate} on {workload}: worst relative Frobenius error {ours:.4f} ({ours_tensor}) against the fp32 "
+        f"model, above {OWN_BF16_ERROR_FACTOR} x the unpatched bf16 model's {theirs:.4f} ({theirs_tensor})")
 
 
 def test_liger_patch_leaves_other_instances_alone():
