@@ -615,12 +615,12 @@ def env(
 @app.command("train", epilog=EXIT_CODES_HELP)
 def train_cmd(
     op: Annotated[str, typer.Argument(help=f"An optimizer op ({_optimizer_ops()}) or a layer op ({_layer_ops()}).")],
-    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 20 on "
-                                                              "the CPU).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps per run (default: 500 on CUDA, 800 "
+                                                              "with --data slow-chain, 20 on the CPU).")] = None,
     batch: Annotated[int | None, typer.Option(
         "--batch", help="Sequences per step (default: 32 on CUDA, 4 on the CPU).")] = None,
     seq: Annotated[int | None, typer.Option(
-        "--seq", help="Tokens per sequence (default: 256 on CUDA, 32 on the CPU).")] = None,
+        "--seq", help="Tokens per sequence (default: 256 on CUDA, 64 with --data slow-chain, 32 on the CPU).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the initial weights and of the token stream "
                                                            "[default: 0].")] = None,
     lr: Annotated[float | None, typer.Option(
@@ -630,8 +630,9 @@ def train_cmd(
     ref_seeds: Annotated[int | None, typer.Option("--ref-seeds", help="Data orders the reference is trained with; "
                                                                       "their spread is the band [default: 3].")] = None,
     model: Annotated[str | None, typer.Option("--model", help="A model of the grid (list --workloads) or hidden=..,"
-                                                              "layers=..,... (default: llama-7m on CUDA, llama-tiny "
-                                                              "on the CPU).")] = None,
+                                                              "layers=..,... (default: llama-7m on CUDA, its layers "
+                                                              "over 512 tokens with --data slow-chain, llama-tiny on "
+                                                              "the CPU).")] = None,
     data: Annotated[str | None, typer.Option(
         "--data", help="The token stream: markov (learnt in a few dozen steps) or slow-chain (hundreds) "
                        "[default: markov].")] = None,

@@ -344,3 +344,14 @@ def test_layer_ops_come_from_the_registry_one_per_model_slot():
         assert names == ["torch", "kernelbench", "liger"]
     finally:
         del REGISTRY[op.name]
+
+
+def test_slow_chain_defaults_on_cuda_to_a_model_whose_reference_learns_within_the_run():
+    from kernelbench.train.run import SLOW_CHAIN_GPU_MODEL
+
+    chain = TrainSettings.defaults("cuda", data="slow-chain")
+    assert (chain.model, chain.steps, chain.seq) == (SLOW_CHAIN_GPU_MODEL, 800, 64)
+    assert chain.validate().vocab_size == 512
+    assert TrainSettings.defaults("cuda", data="slow-chain", steps=50, model="llama-7m").model == "llama-7m"
+    assert TrainSettings.defaults("cuda").model == "llama-7m"
+    assert TrainSettings.defaults("cpu", data="slow-chain").model == "llama-tiny"

@@ -32,6 +32,12 @@ LOSS_COLUMNS = ("step", "candidate", "seed", "loss", "grad_norm", "step_ms")
 MODE = "train"
 
 
+# slow-chain's GPU default: llama-7m's layers over 512 tokens at lag 32, where official adam-mini first
+# learns the chain at step 120-570 (seed by seed) and llama-7m's 4096 tokens take 450 to never in
+# 1000 (results/2026-11-27-adam-mini-slow-chain-seeds).
+SLOW_CHAIN_GPU_MODEL = "hidden=256,layers=6,heads=8,kv_heads=4,intermediate=768,vocab=512"
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     model: str
@@ -52,8 +58,12 @@ class TrainSettings:
     def defaults(cls, device: str, **given) -> TrainSettings:
         """The default model and sizes of a device (the GPU one, or a seconds-long CPU one),
         overridden by whatever is given (None means not given)."""
-        base = (dict(model="llama-7m", steps=500, batch=32, seq=256) if device == "cuda"
-                else dict(model="llama-tiny", steps=20, batch=4, seq=32))
+        if device == "cuda" and given.get("data") == "slow-chain":
+            base = dict(model=SLOW_CHAIN_GPU_MODEL, steps=800, batch=32, seq=64)
+        elif device == "cuda":
+            base = dict(model="llama-7m", steps=500, batch=32, seq=256)
+        else:
+            base = dict(model="llama-tiny", steps=20, batch=4, seq=32)
         base.update({k: v for k, v in given.items() if v is not None})
         if given.get("seq") is None and base["model"] in CONFIGS:  # a default fits any model
             base["seq"] = min(base["seq"], CONFIGS[base["model"]].max_seq)
