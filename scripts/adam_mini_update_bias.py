@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
                 diff = d_b - d_a
                 proj[name].append(float(diff @ d_a) / ref)
                 rel[name].append(math.sqrt(float(diff @ diff) / ref))
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     result = {
         "command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
