@@ -1,18 +1,13 @@
 """Does a kernelbench AdamMini step differ from official adam-mini's with a sign? Lockstep on slow-chain.
 
     python scripts/adam_mini_update_bias.py --seed 5 --steps 400 --out bias.json
-    TRITON_INTERPRET=1 python scripts/adam_mini_update_bias.py --device cpu --steps 3   # a smoke run
+    TRITON_INTERPRET=1 python scripts/adam_mini_update_bias.py --device cpu --steps 100
 
-Official adam-mini trains the model (train's slow-chain workload, bf16 autocast on CUDA, clip 1.0).
-Before each of its steps every other candidate is given official's parameters and clipped
-gradients and steps from them with its own state (which has seen the same gradients), so each
-step's update is compared from one starting point, the trajectory never drifting apart:
-
-    proj = <dB - dA, dA> / <dA, dA>    the signed excess of B's update along official's (0: none)
-    rel  = |dB - dA| / |dA|            the size of the difference, either sign
-
-A per-step difference that only rounds has proj scattered around 0 (t = mean / (sd / sqrt(n))
-small); a bias (larger or smaller steps) shows as a mean of proj many standard errors from 0.
+Official adam-mini trains train's slow-chain workload (bf16 autocast on CUDA, clip 1.0). Before each
+of its steps every other candidate is given official's parameters and clipped gradients and steps
+from them with its own state, so each update dB is compared with official's dA from one start:
+proj = <dB - dA, dA> / <dA, dA> (signed) and rel = |dB - dA| / |dA|. Rounding the state to nearest
+gives proj of about -rel^2 (its error is uncorrelated with the rounded value, not the exact one).
 """
 
 from __future__ import annotations
@@ -26,16 +21,6 @@ import sys
 from pathlib import Path
 
 import torch
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--candidates", default="triton-fp32,triton-fp8")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, default=None)
-    return parser.parse_args(argv)
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -52,7 +37,13 @@ def main(argv: list[str] | None = None) -> dict:
     from kernelbench.train.data import make_stream
     from kernelbench.train.loop import initial_state
 
-    args = parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--candidates", default="triton-fp32,triton-fp8")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
     settings = TrainSettings.defaults(args.device, data="slow-chain", seed=args.seed, steps=args.steps)
     config = settings.validate()
     names = [n for n in args.candidates.split(",") if n]
@@ -75,7 +66,6 @@ def main(argv: list[str] | None = None) -> dict:
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     proj: dict[str, list[float]] = {n: [] for n in names}
     rel: dict[str, list[float]] = {n: [] for n in names}
-    losses = []
     for step in range(settings.steps):
         seqs = stream.tokens[order[step]]
         with autocast:
@@ -100,15 +90,11 @@ def main(argv: list[str] | None = None) -> dict:
                 diff = d_b - d_a
                 proj[name].append(float(diff @ d_a) / ref)
                 rel[name].append(math.sqrt(float(diff @ diff) / ref))
-        losses.append(float(loss.detach()))
     result = {
         "command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
-        "settings": {"seed": settings.seed, "steps": settings.steps, "model": settings.model, "seq": settings.seq,
-                     "batch": settings.batch},
-        "final_loss": losses[-1],
-        "candidates": {n: {"proj": summarize(proj[n]), "rel": summarize(rel[n]),
-                           "proj_first_100": summarize(proj[n][:100])} for n in names},
+        "torch": torch.__version__, "settings": {k: getattr(settings, k) for k in ("seed", "steps", "model", "seq")},
+        "final_loss": float(loss.detach()),
+        "candidates": {n: {"proj": summarize(proj[n]), "rel": summarize(rel[n])} for n in names},
     }
     text = json.dumps(result, indent=2)
     print(text)
