@@ -33,7 +33,7 @@ MODE = "train"
 
 
 # slow-chain's GPU default: llama-7m's layers over 512 tokens at lag 32, where official adam-mini first
-# learns the chain at step 126-520 in 13 of 15 seeds, where llama-7m's 4096 tokens take 450 to never in
+# learns the chain at step 126-520 in 13 of 15 seeds; llama-7m's 4096 tokens take 450 steps to never in
 # 1000 (results/2026-11-27-adam-mini-slow-chain-seeds).
 SLOW_CHAIN_GPU_MODEL = "hidden=256,layers=6,heads=8,kv_heads=4,intermediate=768,vocab=512"
 
