@@ -239,6 +239,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--candidates", default=None, help="comma-separated subset, in the op's order")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="process group timeout")
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="after the last round's timing, one rep per candidate under torch.profiler: "
+                             "a Chrome trace per rank here")
     args = parser.parse_args(argv)
     if args.workload not in OP.workloads:
         parser.error(f"unknown workload {args.workload}")
@@ -293,8 +296,23 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _profile(trainer: TrainStep, tokens: torch.Tensor, targets: torch.Tensor, stem: Path) -> None:
+    """One rep, and one comm-free rep where there is one, under torch.profiler: a Chrome trace each
+    (``<stem>-step.json.gz``, ``<stem>-comm_free.json.gz``) to see which stream waits for which."""
+    from torch.profiler import ProfilerActivity, profile
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    modes = [("step", True)] + ([("comm_free", False)] if trainer.no_sync and trainer.update_only else [])
+    for label, communicate in modes:
+        _sync(tokens.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            trainer.run_rep(tokens, targets, communicate=communicate)
+            _sync(tokens.device)
+        prof.export_chrome_trace(f"{stem}-{label}.json.gz")
+
+
 def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est: dict[str, float],
-                        first_round: bool) -> dict[str, Any]:
+                        first_round: bool, last_round: bool = False) -> dict[str, Any]:
     """One round of one candidate on this rank: its times, memory and (first round) losses."""
     device = setup.device
     if device.type == "cuda":
@@ -352,6 +370,9 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
         for _ in range(reps):
             timer.rep("comm_free", quiet_step, record=True)
     lap("timed")
+    if args.profile_dir is not None and last_round:
+        _profile(trainer, tokens, targets, args.profile_dir / f"{name}-rank{rank}")
+        lap("profile")
     times = {metric: [t / STEPS_PER_REP for t in reps_ms] for metric, reps_ms in timer.results_ms().items()}
     timing = f"{timer.describe()}; a rep is {STEPS_PER_REP} steps back to back, its time divided by {STEPS_PER_REP}"
     out.update(phase_s=phases, step_ms=times["step"], comm_free_ms=times["comm_free"], timing=timing,
@@ -399,7 +420,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 _write(args.output, result)
             t0 = time.monotonic()
             try:
-                mine: dict[str, Any] = run_candidate_round(name, setup, args, workload, rank, est, r == 0)
+                mine: dict[str, Any] = run_candidate_round(name, setup, args, workload, rank, est, r == 0,
+                                                           r == args.rounds - 1)
             except Exception as exc:  # every rank raising (OOM, a missing API) leaves the others in step
                 mine = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
                 # in the ranks' log at once: where only some ranks raise, the gather below never returns
