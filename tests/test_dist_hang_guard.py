@@ -77,12 +77,12 @@ def fake_launch(monkeypatch):
 
 def test_a_hung_candidate_is_an_error_row_and_the_others_run_again_without_it(fake_launch, tmp_path):
     calls, results = fake_launch
-    names = [BASELINE, "zero-overlap+torch-fused", "sharded-adamw-overlap"]
+    names = [BASELINE, "zero-overlap+torch-foreach", "sharded-adamw-overlap"]
     results.append(_result({BASELINE: {**_measured(BASELINE), "rounds_done": 1},
-                            "zero-overlap+torch-fused": {"status": "pending", "reason": "-"},
+                            "zero-overlap+torch-foreach": {"status": "pending", "reason": "-"},
                             "sharded-adamw-overlap": {"status": "pending", "reason": "-"}},
-                           stalled="zero-overlap+torch-fused's round 1 gave no result within 240 s",
-                           running={"candidate": "zero-overlap+torch-fused", "round": 1, "since_unix": 0},
+                           stalled="zero-overlap+torch-foreach's round 1 gave no result within 240 s",
+                           running={"candidate": "zero-overlap+torch-foreach", "round": 1, "since_unix": 0},
                            teardown_error="killed"))
     results.append(_result({BASELINE: _measured(BASELINE), "sharded-adamw-overlap": _measured("s")}))
     settings = {"nproc": 2, "rounds": 3, "warmup_ms": 25, "rep_ms": 100, "min_reps": 1, "max_reps": 10,
@@ -94,13 +94,13 @@ def test_a_hung_candidate_is_an_error_row_and_the_others_run_again_without_it(fa
     second = calls[1]["args"]
     assert second[second.index("--candidates") + 1] == f"{BASELINE},sharded-adamw-overlap"
     assert list(result["candidates"]) == names  # the run's order
-    hung = result["candidates"]["zero-overlap+torch-fused"]
+    hung = result["candidates"]["zero-overlap+torch-foreach"]
     assert hung["status"] == "error" and hung["reason"].startswith("hung: its round 1 gave no result within 240 s")
     assert "teardown_error" not in result and result["candidates"][BASELINE]["rounds_done"] == 3
 
     rows = result_rows(result)
     status = {(r.candidate, r.metric): r.status for r in rows}
-    assert status[("zero-overlap+torch-fused", "time_median_ms")] == ERROR
+    assert status[("zero-overlap+torch-foreach", "time_median_ms")] == ERROR
     assert status[(BASELINE, "time_median_ms")] == OK
     assert status[("sharded-adamw-overlap", "time_median_ms")] == OK
 

@@ -72,7 +72,7 @@ def _result(backend="nccl"):
         "candidates": {
             BASELINE: ok([[10.0, 10.0], [11.0, 11.0]], [[8.0, 8.0], [8.0, 8.0]], ref_losses, [800, 800]),
             "sharded-adamw": ok([[9.0, 9.0], [9.0, 9.0]], [], [[4.8, 4.6, 4.41], [4.9, 4.7, 4.5]], [200, 210]),
-            "zero-overlap+torch-fused": {"status": "error", "reason": "rank 0: OutOfMemoryError"},
+            "zero-overlap+torch-foreach": {"status": "error", "reason": "rank 0: OutOfMemoryError"},
             "fsdp2+torch-fused": {"status": "pending", "reason": "not reached before the run ended"},
         },
     }
@@ -89,7 +89,7 @@ def test_rows_carry_each_metric_and_a_partial_result_keeps_what_was_measured():
     assert by.loc[("sharded-adamw", "ratio_vs_anchor"), "value"] == pytest.approx(9 / 11)
     assert by.loc[("sharded-adamw", "exposed_comm_ms"), "status"] == "not-measured"
     assert by.loc[("sharded-adamw", "parity"), "status"] == "pass"
-    assert by.loc[("zero-overlap+torch-fused", "time_median_ms"), "status"] == "error"
+    assert by.loc[("zero-overlap+torch-foreach", "time_median_ms"), "status"] == "error"
     assert by.loc[("fsdp2+torch-fused", "time_median_ms"), "status"] == "skipped"
 
 
@@ -131,7 +131,7 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
     rows = pd.read_csv(tmp_path / "results.csv")
     medians = rows[rows.metric == "time_median_ms"].set_index("candidate")
     assert list(medians.index)[0] == BASELINE  # the headline first
-    assert medians.loc["zero-overlap+torch-fused", "status"] == "skipped"  # NCCL only
+    assert medians.loc["zero-overlap+torch-foreach", "status"] == "skipped"  # NCCL only
     assert medians.loc["ddp-bf16-comm+torch-fused", "status"] == "skipped"
     ran = [c for c in medians.index if medians.loc[c, "status"] == "not-measured"]
     assert {BASELINE, "fsdp2+torch-fused", "fsdp2-noreshard+torch-fused", "fsdp2-bf16-noreshard+torch-fused",

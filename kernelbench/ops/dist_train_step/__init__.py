@@ -163,9 +163,11 @@ def fsdp2_triton_adamw(setup):
     return worker.fsdp_step(setup, reshard_after_forward=True, optimizer="triton")
 
 
-@OP.candidate("zero-overlap+torch-fused", requires=_GPUS, parity=False)
-def zero_overlap_torch_fused(setup):
-    """ZeroRedundancyOptimizer(AdamW fused, overlap_with_ddp=True) stepped in DDP's comm hook."""
+@OP.candidate("zero-overlap+torch-foreach", requires=_GPUS, parity=False)
+def zero_overlap_torch_foreach(setup):
+    """ZeroRedundancyOptimizer(AdamW foreach, overlap_with_ddp=True) stepped in DDP's comm hook. Not
+    fused: the functional AdamW that overlap_with_ddp steps keeps ``step`` on the CPU, which fused
+    AdamW rejects inside the hook on the ranks that own a bucket, and the others then wait forever."""
     from . import worker
 
     return worker.zero_overlap_step(setup)

@@ -166,9 +166,9 @@ def zero_overlap_step(setup: Setup) -> TrainStep | str:
     model = setup.model()
     ddp = DDP(model, device_ids=[setup.device.index])
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, overlap_with_ddp=True,
-                                   **HYPERPARAMS, **_fused())
+                                   **HYPERPARAMS, foreach=True)
     ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
-    return TrainStep(ddp, model, zero, "DDP all-reduce with ZeroRedundancyOptimizer's fused AdamW stepped in the "
+    return TrainStep(ddp, model, zero, "DDP all-reduce with ZeroRedundancyOptimizer's foreach AdamW stepped in the "
                      "comm hook (overlap_with_ddp)", "none: the update runs inside backward, before a norm exists",
                      None, comm_free_reason="not measured: the update runs in DDP's comm hook",
                      warmup_iterations=2, params=list(model.parameters()))
