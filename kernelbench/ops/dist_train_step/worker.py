@@ -20,6 +20,7 @@ import inspect
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -78,25 +79,34 @@ class TrainStep:
     params: list[torch.Tensor] = field(default_factory=list)
     finish: Callable[[], Any] | None = None  # waits for what a step leaves in flight (prefetched gathers)
 
-    def run(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True) -> torch.Tensor:
+    def run(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True,
+            marks: list[list[Any]] | None = None) -> torch.Tensor:
+        """One step; ``marks`` (CUDA) gets the step's events: start, forward and loss done, backward
+        done, end, as the compute stream reaches them."""
+        events = _events(tokens.device, marks)
         quiet = contextlib.nullcontext() if communicate or self.no_sync is None else self.no_sync()
         with quiet:
+            _mark(events)
             with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
                 logits = self.wrapped(tokens)
             loss = self.model.layer_set.loss(logits, targets)
+            _mark(events)
             loss.backward()
+            _mark(events)
         if self.clipping == "torch":
             torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
         update = self.step_optimizer if communicate else self.update_only
         if update is not None:
             update()
         self.optimizer.zero_grad()
+        _mark(events)
         return loss.detach()
 
-    def run_rep(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True) -> None:
+    def run_rep(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True,
+                marks: list[list[Any]] | None = None) -> None:
         """STEPS_PER_REP steps back to back, then whatever the last one left in flight."""
         for _ in range(STEPS_PER_REP):
-            self.run(tokens, targets, communicate=communicate)
+            self.run(tokens, targets, communicate=communicate, marks=marks)
         if self.finish is not None:
             self.finish()
 
@@ -111,6 +121,33 @@ class TrainStep:
                     local = t.to_local() if hasattr(t, "to_local") else t
                     total += local.numel() * local.element_size()
         return total
+
+
+PHASES = ("forward", "backward", "optimizer")  # the spans between a step's four marks
+
+
+def _events(device: torch.device, marks: list[list[Any]] | None) -> list[Any] | None:
+    if marks is None or device.type != "cuda":
+        return None
+    marks.append([])
+    return marks[-1]
+
+
+def _mark(events: list[Any] | None) -> None:
+    if events is not None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        events.append(event)
+
+
+def phase_ms(marks: list[list[Any]]) -> dict[str, float]:
+    """Median ms per phase over the marked steps (the compute stream's view: waits on communication
+    land in the phase that waits; work a step leaves in flight, in the next step's forward)."""
+    if not marks:
+        return {}
+    torch.cuda.synchronize()
+    spans = [[a.elapsed_time(b) for a, b in zip(events, events[1:])] for events in marks]
+    return {phase: round(statistics.median(step[i] for step in spans), 3) for i, phase in enumerate(PHASES)}
 
 
 def _fused() -> dict[str, Any]:
@@ -360,16 +397,19 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
         trainer.finish()
     lap("warmup")
     timer = RankTimer(device, ["step", "comm_free"])
-    step = functools.partial(trainer.run_rep, tokens, targets)
+    marks: dict[str, list[list[Any]]] = {"step": [], "comm_free": []}
+    step = functools.partial(trainer.run_rep, tokens, targets, marks=marks["step"])
     for _ in range(reps):
         timer.rep("step", step, record=True)
     if trainer.no_sync is not None and trainer.update_only is not None:
         quiet_step = functools.partial(trainer.run_rep, tokens, targets, communicate=False)
         for _ in range(min(warm, 1)):
             timer.rep("comm_free", quiet_step, record=False)
+        quiet_step = functools.partial(quiet_step, marks=marks["comm_free"])
         for _ in range(reps):
             timer.rep("comm_free", quiet_step, record=True)
     lap("timed")
+    out["phase_ms"] = {metric: phase_ms(steps) for metric, steps in marks.items() if steps}
     if args.profile_dir is not None and last_round:
         _profile(trainer, tokens, targets, args.profile_dir / f"{name}-rank{rank}")
         lap("profile")
@@ -469,6 +509,7 @@ def _merge(entry: dict[str, Any], gathered: list[dict[str, Any]], round_index: i
             entry["peak_bytes"][i] = max(entry["peak_bytes"][i] or 0, g["peak_bytes"])
     entry["state_bytes"] = [g["state_bytes"] for g in gathered]
     entry.setdefault("phase_s", []).append(gathered[0].get("phase_s", {}))  # rank 0's, per round
+    entry.setdefault("phase_ms", []).append([g.get("phase_ms", {}) for g in gathered])  # per round, per rank
     entry.setdefault("round_s", []).append([g.get("round_s") for g in gathered])  # per round, per rank
     if "losses" in gathered[0]:
         entry["losses"] = [g["losses"] for g in gathered]
