@@ -40,7 +40,10 @@ WARMUP_MIN_STEPS = 2  # the first step allocates grads and state; the second run
 # for the next one (parameter all-gathers under the next forward) overlaps there as it would, and
 # only the last step's leftover is waited for inside the rep. Times are per step (rep / STEPS_PER_REP).
 STEPS_PER_REP = 4
-OVERLAP_BUCKET_BYTES = 256 * 2**20
+# Overlapped buckets of four 1B-class layers: at one layer each the backward waits on its
+# reduce-scatters (+15 ms at 1x2048 on 4 H200s, against +6 ms; the peak is the same,
+# results/2026-11-27-4xgpu-dist-train-step-phases).
+OVERLAP_BUCKET_BYTES = 1024 * 2**20
 
 
 @dataclass
@@ -137,17 +140,22 @@ def _mark(events: list[Any] | None) -> None:
     if events is not None:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        events.append(event)
+        events.append((event, time.perf_counter()))
 
 
 def phase_ms(marks: list[list[Any]]) -> dict[str, float]:
-    """Median ms per phase over the marked steps (the compute stream's view: waits on communication
-    land in the phase that waits; work a step leaves in flight, in the next step's forward)."""
+    """Median ms per phase over the marked steps: the compute stream's (waits on communication land
+    in the phase that waits; work a step leaves in flight, in the next step's forward), and the
+    host's (``host_<phase>``: a GPU phase no longer than its host phase ran dry behind the host)."""
     if not marks:
         return {}
     torch.cuda.synchronize()
-    spans = [[a.elapsed_time(b) for a, b in zip(events, events[1:])] for events in marks]
-    return {phase: round(statistics.median(step[i] for step in spans), 3) for i, phase in enumerate(PHASES)}
+    gpu = [[a.elapsed_time(b) for (a, _), (b, _) in zip(events, events[1:])] for events in marks]
+    host = [[(tb - ta) * 1e3 for (_, ta), (_, tb) in zip(events, events[1:])] for events in marks]
+    out = {phase: round(statistics.median(step[i] for step in gpu), 3) for i, phase in enumerate(PHASES)}
+    out.update({f"host_{phase}": round(statistics.median(step[i] for step in host), 3)
+                for i, phase in enumerate(PHASES)})
+    return out
 
 
 def _fused() -> dict[str, Any]:
@@ -223,8 +231,7 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
     model = setup.model()
     kwargs: dict[str, Any] = {}
     if overlap:
-        # ZeRO-2: the backward holds a few buckets of full gradient, not the model's; buckets of
-        # about one 1B-class layer keep those few small.
+        # ZeRO-2: the backward holds a few buckets of full gradient, not the model's.
         kwargs = {"overlap_grad_reduce": True, "grad_comm_dtype": None, "bucket_bytes": OVERLAP_BUCKET_BYTES}
         if "free_grads" in accepted:
             kwargs["free_grads"] = True
