@@ -70,7 +70,9 @@ def _result(backend="nccl"):
         "op": "dist-train-step", "workload": "llama-1b-1x2048", "world_size": 2, "backend": backend,
         "tokens_per_rank": 2048, "timing": "t", "complete": False,
         "candidates": {
-            BASELINE: ok([[10.0, 10.0], [11.0, 11.0]], [[8.0, 8.0], [8.0, 8.0]], ref_losses, [800, 800]),
+            BASELINE: {**ok([[10.0, 10.0], [11.0, 11.0]], [[8.0, 8.0], [8.0, 8.0]], ref_losses, [800, 800]),
+                       "phase_ms": [[{"step": {"forward": 3.0, "host_forward": 4.0}, "comm_free": {"forward": 2.0}},
+                                     {"step": {"forward": 5.0, "host_forward": 4.5}}]]},
             "sharded-adamw": ok([[9.0, 9.0], [9.0, 9.0]], [], [[4.8, 4.6, 4.41], [4.9, 4.7, 4.5]], [200, 210]),
             "zero-overlap+torch-foreach": {"status": "error", "reason": "rank 0: OutOfMemoryError"},
             "fsdp2+torch-fused": {"status": "pending", "reason": "not reached before the run ended"},
@@ -85,6 +87,10 @@ def test_rows_carry_each_metric_and_a_partial_result_keeps_what_was_measured():
     assert by.loc[(BASELINE, "tokens_per_s"), "value"] == pytest.approx(2 * 2048 / 0.011)
     assert by.loc[(BASELINE, "exposed_comm_ms"), "value"] == 3.0
     assert by.loc[(BASELINE, "peak_bytes"), "value"] == 120
+    assert by.loc[(BASELINE, "step_forward_ms"), "value"] == 4.0  # median over ranks (and rounds)
+    assert by.loc[(BASELINE, "step_host_forward_ms"), "value"] == 4.25
+    assert by.loc[(BASELINE, "comm_free_forward_ms"), "value"] == 2.0
+    assert ("sharded-adamw", "step_forward_ms") not in by.index  # no phases recorded, no rows
     assert by.loc[("sharded-adamw", "state_bytes"), "value"] == 210
     assert by.loc[("sharded-adamw", "ratio_vs_anchor"), "value"] == pytest.approx(9 / 11)
     assert by.loc[("sharded-adamw", "exposed_comm_ms"), "status"] == "not-measured"
@@ -164,3 +170,39 @@ def test_an_unknown_candidate_is_refused_before_any_rank_starts(tmp_path):
                     "--output-dir", tmp_path)
     assert result.exit_code == 2 and "no-such" in result.output
     assert not (tmp_path / "dist-train-step-llama-tiny-1x32.json").exists()
+
+
+def test_worker_phase_spans_are_medians_of_consecutive_marks(monkeypatch):
+    from kernelbench.ops.dist_train_step import worker
+
+    class Event:  # a CUDA event's elapsed_time without a GPU
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(worker.torch.cuda, "synchronize", lambda *a: None)
+    steps = [[(Event(0.0), 0.0), (Event(2.0), 0.001), (Event(5.0), 0.004), (Event(6.0), 0.0045)],
+             [(Event(0.0), 0.0), (Event(4.0), 0.003), (Event(9.0), 0.005), (Event(10.0), 0.006)],
+             [(Event(0.0), 0.0), (Event(3.0), 0.002), (Event(6.0), 0.006), (Event(8.0), 0.007)]]
+    phases = worker.phase_ms(steps)
+    assert phases == {"forward": 3.0, "backward": 3.0, "optimizer": 1.0,
+                      "host_forward": 2.0, "host_backward": 3.0, "host_optimizer": 1.0}
+    assert worker.phase_ms([]) == {}
+
+
+def test_worker_writes_a_trace_per_rank_with_profile_dir(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "kernelbench.ops.dist_train_step.worker", "--workload", "llama-tiny-1x32", "--rounds", "1",
+           "--warmup-steps", "0", "--reps", "1", "--candidates", BASELINE, "--output", str(out),
+           "--profile-dir", str(tmp_path / "prof")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(p.name for p in (tmp_path / "prof").iterdir())
+    assert names == [f"{BASELINE}-rank{r}-{m}.json.gz" for r in (0, 1) for m in ("comm_free", "step")]
+    assert "profile" in json.loads(out.read_text())["candidates"][BASELINE]["phase_s"][0]

@@ -379,6 +379,7 @@ def result_rows(result: dict[str, Any]) -> list[Row]:
             else:
                 rows.append(row(name, "exposed_comm_ms", exposed, "ms", "step median minus the median of the same "
                                 f"step with gradient communication off ({c['comm_free_how']}), same rounds"))
+            rows += _phase_rows(name, c.get("phase_ms", []), row)
         if c.get("peak_bytes") and all(v is not None for v in c["peak_bytes"]):
             rows.append(row(name, "peak_bytes", max(c["peak_bytes"]), "B", "per rank (largest): peak allocated over "
                             "the candidate's build and steps minus allocated before it"))
@@ -389,6 +390,26 @@ def result_rows(result: dict[str, Any]) -> list[Row]:
     if "teardown_error" in result:
         rows.append(row(BASELINE, "teardown", None, "", result["teardown_error"], status=ERROR))
     return rows
+
+
+def phase_medians(phase_ms: list[list[dict[str, dict[str, float]]]]) -> dict[str, dict[str, float]]:
+    """The worker's per-round, per-rank phase medians as one median per metric and phase."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for per_rank in phase_ms:
+        for phases_by_metric in per_rank:
+            for metric, phases in phases_by_metric.items():
+                for phase, ms in phases.items():
+                    values.setdefault(metric, {}).setdefault(phase, []).append(ms)
+    return {metric: {phase: statistics.median(v) for phase, v in phases.items()} for metric, phases in values.items()}
+
+
+def _phase_rows(name: str, phase_ms, row) -> list[Row]:
+    """Where the step goes: ``<metric>_<phase>_ms`` (metric step or comm_free), median over ranks and
+    rounds of each rank's median step."""
+    how = {"": "on the compute stream (CUDA events): waits on communication count in the phase that waits",
+           "host_": "on the host: a GPU phase as long as its host phase ran dry behind the host"}
+    return [row(name, f"{metric}_{phase}_ms", ms, "ms", how["host_" if phase.startswith("host_") else ""])
+            for metric, phases in phase_medians(phase_ms).items() for phase, ms in phases.items()]
 
 
 def _check_rows(name: str, losses, reference, row) -> list[Row]:
