@@ -186,10 +186,10 @@ def test_worker_phase_spans_are_medians_of_consecutive_marks(monkeypatch):
     steps = [[(Event(0.0), 0.0), (Event(2.0), 0.001), (Event(5.0), 0.004), (Event(6.0), 0.0045)],
              [(Event(0.0), 0.0), (Event(4.0), 0.003), (Event(9.0), 0.005), (Event(10.0), 0.006)],
              [(Event(0.0), 0.0), (Event(3.0), 0.002), (Event(6.0), 0.006), (Event(8.0), 0.007)]]
-    phases = worker.phase_ms(steps)
+    phases = worker.step_phase_ms(steps)
     assert phases == {"forward": 3.0, "backward": 3.0, "optimizer": 1.0,
                       "host_forward": 2.0, "host_backward": 3.0, "host_optimizer": 1.0}
-    assert worker.phase_ms([]) == {}
+    assert worker.step_phase_ms([]) == {}
 
 
 def test_worker_writes_a_trace_per_rank_with_profile_dir(tmp_path):

@@ -8,12 +8,15 @@ memory, and interleaves them round by round (rebuilt each round). Rank 0 rewrite
 every candidate's round, so what was measured survives a later failure or the deadline.
 
 Rows per candidate: the whole step's median (slowest rank per rep), tokens/s over all ranks, peak
-memory and optimizer state per rank (largest rank), exposed communication, and the loss check.
+memory and optimizer state per rank (largest rank), exposed communication, the step's phases, and
+the loss check.
 
 - exposed_comm_ms: the step's median minus the median of the same candidate's step with its
   gradient communication switched off (DDP's ``no_sync``; ShardedAdamW's ``no_sync`` and
   ``update_only``), timed in the same rounds; not measured where a wrapper cannot switch it off
   without changing the work (FSDP2's all-gathers, ZeRO's step inside DDP's hook).
+- phases (``step_forward_ms``, ``comm_free_backward_ms``, ``step_host_optimizer_ms``, ...): where the
+  step goes, from CUDA events the compute stream reaches and the host clock at the same points.
 - loss check: each candidate's losses over the first ``CHECK_STEPS`` steps from the seed weights
   on fixed tokens, against the DDP baseline's, within ``LOSS_RTOL``. Losses, not parameters: Adam's
   first update is lr * sign(g), so a reduction order that flips the sign of a near-zero gradient

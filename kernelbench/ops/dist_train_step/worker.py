@@ -5,7 +5,9 @@
 
 Per round, per candidate (in the op's order): build the model from the workload's seed, wrap it,
 (round 1: the loss check), warm up, time the steps, time the comm-free steps where there are any,
-free everything. Counts are rank 0's and broadcast, so every rank runs the same steps; rank 0 also
+free everything. ``--profile-dir DIR``: after the last round's timing, one rep per candidate under
+torch.profiler, a Chrome trace per rank (the profiler slows the step; the timings are taken before).
+Counts are rank 0's and broadcast, so every rank runs the same steps; rank 0 also
 decides, before each candidate's round, whether the budget leaves time for it. A candidate that
 raises on every rank is recorded as an error and left out of later rounds.
 """
@@ -126,7 +128,7 @@ class TrainStep:
         return total
 
 
-PHASES = ("forward", "backward", "optimizer")  # the spans between a step's four marks
+STEP_PHASES = ("forward", "backward", "optimizer")  # the spans between a step's four marks
 
 
 def _events(device: torch.device, marks: list[list[Any]] | None) -> list[Any] | None:
@@ -143,7 +145,7 @@ def _mark(events: list[Any] | None) -> None:
         events.append((event, time.perf_counter()))
 
 
-def phase_ms(marks: list[list[Any]]) -> dict[str, float]:
+def step_phase_ms(marks: list[list[Any]]) -> dict[str, float]:
     """Median ms per phase over the marked steps: the compute stream's (waits on communication land
     in the phase that waits; work a step leaves in flight, in the next step's forward), and the
     host's (``host_<phase>``: a GPU phase no longer than its host phase ran dry behind the host)."""
@@ -152,9 +154,9 @@ def phase_ms(marks: list[list[Any]]) -> dict[str, float]:
     torch.cuda.synchronize()
     gpu = [[a.elapsed_time(b) for (a, _), (b, _) in zip(events, events[1:])] for events in marks]
     host = [[(tb - ta) * 1e3 for (_, ta), (_, tb) in zip(events, events[1:])] for events in marks]
-    out = {phase: round(statistics.median(step[i] for step in gpu), 3) for i, phase in enumerate(PHASES)}
+    out = {phase: round(statistics.median(step[i] for step in gpu), 3) for i, phase in enumerate(STEP_PHASES)}
     out.update({f"host_{phase}": round(statistics.median(step[i] for step in host), 3)
-                for i, phase in enumerate(PHASES)})
+                for i, phase in enumerate(STEP_PHASES)})
     return out
 
 
@@ -416,7 +418,7 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
         for _ in range(reps):
             timer.rep("comm_free", quiet_step, record=True)
     lap("timed")
-    out["phase_ms"] = {metric: phase_ms(steps) for metric, steps in marks.items() if steps}
+    out["phase_ms"] = {metric: step_phase_ms(steps) for metric, steps in marks.items() if steps}
     if args.profile_dir is not None and last_round:
         _profile(trainer, tokens, targets, args.profile_dir / f"{name}-rank{rank}")
         lap("profile")
@@ -515,8 +517,8 @@ def _merge(entry: dict[str, Any], gathered: list[dict[str, Any]], round_index: i
         if g["peak_bytes"] is not None:
             entry["peak_bytes"][i] = max(entry["peak_bytes"][i] or 0, g["peak_bytes"])
     entry["state_bytes"] = [g["state_bytes"] for g in gathered]
-    entry.setdefault("phase_s", []).append(gathered[0].get("phase_s", {}))  # rank 0's, per round
-    entry.setdefault("phase_ms", []).append([g.get("phase_ms", {}) for g in gathered])  # per round, per rank
+    entry.setdefault("phase_s", []).append(gathered[0].get("phase_s", {}))  # the round's parts: rank 0's
+    entry.setdefault("phase_ms", []).append([g.get("phase_ms", {}) for g in gathered])  # a step's: per rank
     entry.setdefault("round_s", []).append([g.get("round_s") for g in gathered])  # per round, per rank
     if "losses" in gathered[0]:
         entry["losses"] = [g["losses"] for g in gathered]
