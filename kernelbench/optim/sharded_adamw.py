@@ -149,7 +149,9 @@ def _round_up(n: int, multiple: int) -> int:
 # all-gather waits in the queue behind every reduce-scatter anyway. All-gathers on a second
 # communicator: smaller buckets, since two collectives at once move more over NVLink than one and
 # smaller buckets keep both running for more of the step. The bucket sweep behind both defaults
-# (2 H200s, model-370m): results/2026-11-22-2xh200-dist-adamw/bench.
+# (2 H200s, model-370m): results/2026-11-22-2xh200-dist-adamw/bench. Overlapped with the backward,
+# 1 GiB too: at 256 MiB the backward waits on its reduce-scatters (Llama-1B, 4 H200s,
+# results/2026-11-27-4xgpu-dist-train-step-phases).
 DEFAULT_BUCKET_BYTES = 2**30
 DEFAULT_BUCKET_BYTES_WITH_GATHER_GROUP = 256 * 2**20
 

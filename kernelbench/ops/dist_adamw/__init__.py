@@ -77,9 +77,8 @@ OP = DistAdamWOp(
         OpOption("--steps", "steps", "timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. "
                  "For parity steps of other ops see --parity-steps.", minimum=1,
                  elsewhere_hint="parity steps are --parity-steps"),
-        OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: dist-adamw "
-                 "ShardedAdamW's own, 256 with a gather group and 1024 without; dist-train-step 1024 for the "
-                 "overlapped candidates). dist-train-step: every ShardedAdamW candidate's.", above=0),
+        OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: its own, "
+                 "1024, or 256 with a gather group). dist-train-step: every ShardedAdamW candidate's.", above=0),
         OpOption("--gather-group", "gather_group", "ShardedAdamW all-gathers on a second communicator, beside "
                  "the reduce-scatters [default: on].", shown="--gather-group/--no-gather-group"),
     ],

@@ -110,9 +110,8 @@ OP = DistTrainStepOp(
     speed_anchor=BASELINE,
     default_workloads=DEFAULT_WORKLOADS,
     options=[nproc_option(),
-             OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: dist-adamw "
-                      "ShardedAdamW's own, 256 with a gather group and 1024 without; dist-train-step 1024 for the "
-                      "overlapped candidates). dist-train-step: every ShardedAdamW candidate's.", above=0),
+             OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: its own, "
+                      "1024, or 256 with a gather group). dist-train-step: every ShardedAdamW candidate's.", above=0),
              OpOption("--stall-s", "stall_s", "seconds after which a candidate's round with no result counts as hung: "
                       "it becomes an error row and the other candidates run again without it (default on GPUs: 240 "
                       "plus twice a round's --warmup-ms and --rep-ms; none on CPU ranks)", above=0)],

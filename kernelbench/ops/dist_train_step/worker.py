@@ -42,10 +42,6 @@ WARMUP_MIN_STEPS = 2  # the first step allocates grads and state; the second run
 # for the next one (parameter all-gathers under the next forward) overlaps there as it would, and
 # only the last step's leftover is waited for inside the rep. Times are per step (rep / STEPS_PER_REP).
 STEPS_PER_REP = 4
-# Overlapped buckets of four 1B-class layers: at one layer each the backward waits on its
-# reduce-scatters (+15 ms at 1x2048 on 4 H200s, against +6 ms; the peak is the same,
-# results/2026-11-27-4xgpu-dist-train-step-phases).
-OVERLAP_BUCKET_BYTES = 1024 * 2**20
 
 
 @dataclass
@@ -234,7 +230,7 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
     kwargs: dict[str, Any] = {}
     if overlap:
         # ZeRO-2: the backward holds a few buckets of full gradient, not the model's.
-        kwargs = {"overlap_grad_reduce": True, "grad_comm_dtype": None, "bucket_bytes": OVERLAP_BUCKET_BYTES}
+        kwargs = {"overlap_grad_reduce": True, "grad_comm_dtype": None}
         if "free_grads" in accepted:
             kwargs["free_grads"] = True
     if setup.bucket_bytes is not None:
