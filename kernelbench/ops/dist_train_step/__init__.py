@@ -408,9 +408,9 @@ def phase_medians(phase_ms: list[list[dict[str, dict[str, float]]]]) -> dict[str
 def _phase_rows(name: str, phase_ms, row) -> list[Row]:
     """Where the step goes: ``<metric>_<phase>_ms`` (metric step or comm_free), median over ranks and
     rounds of each rank's median step."""
-    how = {"": "on the compute stream (CUDA events): waits on communication count in the phase that waits",
-           "host_": "on the host: a GPU phase as long as its host phase ran dry behind the host"}
-    return [row(name, f"{metric}_{phase}_ms", ms, "ms", how["host_" if phase.startswith("host_") else ""])
+    on_gpu = "on the compute stream (CUDA events): waits on communication count in the phase that waits"
+    on_host = "on the host: a GPU phase as long as its host phase ran dry behind the host"
+    return [row(name, f"{metric}_{phase}_ms", ms, "ms", on_host if phase.startswith("host_") else on_gpu)
             for metric, phases in phase_medians(phase_ms).items() for phase, ms in phases.items()]
 
 

@@ -80,6 +80,11 @@ class TrainStep:
     params: list[torch.Tensor] = field(default_factory=list)
     finish: Callable[[], Any] | None = None  # waits for what a step leaves in flight (prefetched gathers)
 
+    @property
+    def has_comm_free(self) -> bool:
+        """Whether the same step can run with its gradient communication switched off."""
+        return self.no_sync is not None and self.update_only is not None
+
     def run(self, tokens: torch.Tensor, targets: torch.Tensor, *, communicate: bool = True,
             marks: list[list[Any]] | None = None) -> torch.Tensor:
         """One step; ``marks`` (CUDA) gets the step's events: start, forward and loss done, backward
@@ -344,7 +349,7 @@ def _profile(trainer: TrainStep, tokens: torch.Tensor, targets: torch.Tensor, st
     from torch.profiler import ProfilerActivity, profile
 
     stem.parent.mkdir(parents=True, exist_ok=True)
-    modes = [("step", True)] + ([("comm_free", False)] if trainer.no_sync and trainer.update_only else [])
+    modes = [("step", True)] + ([("comm_free", False)] if trainer.has_comm_free else [])
     for label, communicate in modes:
         _sync(tokens.device)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -406,7 +411,7 @@ def run_candidate_round(name: str, setup: Setup, args, workload, rank: int, est:
     step = functools.partial(trainer.run_rep, tokens, targets, marks=marks["step"])
     for _ in range(reps):
         timer.rep("step", step, record=True)
-    if trainer.no_sync is not None and trainer.update_only is not None:
+    if trainer.has_comm_free:
         quiet_step = functools.partial(trainer.run_rep, tokens, targets, communicate=False)
         for _ in range(min(warm, 1)):
             timer.rep("comm_free", quiet_step, record=False)
