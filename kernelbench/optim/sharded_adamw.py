@@ -112,7 +112,8 @@ GRAD_COMM_DTYPES = (None, torch.float32, torch.bfloat16)
 
 # free_grads: reduce-scatters left running while the backward goes on; an older bucket is waited for
 # and released. Two keep the wait off the critical path when a bucket's communication takes up to
-# twice its backward, and the backward's full-size gradient at three buckets.
+# twice its backward, and the backward's full-size gradient at three buckets. Three gave the same
+# backward on 2 H100s (results/2026-11-28-4xh100-dist-train-step-every-candidate).
 REDUCTIONS_IN_FLIGHT = 2
 
 # Parameter -> the overlapping ShardedAdamW whose hooks it carries (a weak reference), so that a
