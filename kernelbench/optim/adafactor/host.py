@@ -317,6 +317,15 @@ def build_plan(entries: list[tuple[torch.Tensor, torch.Tensor, int, dict]], key:
     )
 
 
+def _group_scalars(group: dict) -> tuple[float, float, bool, float, float, bool, bool, float]:
+    """A group's hyperparameters as the kernels take them: (eps1, eps2, fixed beta2?, beta2,
+    decay_rate, scale_parameter, first moment?, beta1); an absent beta is passed as 0.0."""
+    eps1, eps2 = (float(e) for e in group["eps"])
+    fixed, has_m = group["beta2"] is not None, group["beta1"] is not None
+    return (eps1, eps2, fixed, float(group["beta2"]) if fixed else 0.0, float(group["decay_rate"]),
+            bool(group["scale_parameter"]), has_m, float(group["beta1"]) if has_m else 0.0)
+
+
 def launch_step(plan: Plan, group: dict) -> None:
     """One Adafactor step of a group: K1-K3 / N1 per bucket, K4 once, then K5 / N3 per bucket."""
     if plan.exchanges is not None:
@@ -324,13 +333,7 @@ def launch_step(plan: Plan, group: dict) -> None:
         return
     fac, full, fin = plan.config.factored, plan.config.full, plan.config.finish
     ws = torch.empty(plan.ws_floats, dtype=torch.float32, device=plan.meta.device)
-    eps1, eps2 = (float(e) for e in group["eps"])
-    fixed = group["beta2"] is not None
-    beta2 = float(group["beta2"]) if fixed else 0.0
-    decay_rate = float(group["decay_rate"])
-    scale_param = bool(group["scale_parameter"])
-    has_m = group["beta1"] is not None
-    beta1 = float(group["beta1"]) if has_m else 0.0
+    eps1, eps2, fixed, beta2, decay_rate, scale_param, has_m, beta1 = _group_scalars(group)
     for b in plan.buckets:
         items = plan.items[b.items[0]:b.items[1]]
         n = b.items[1] - b.items[0]
@@ -387,13 +390,7 @@ def _launch_sharded_step(plan: Plan, group: dict) -> None:
     ws = torch.empty(plan.ws_floats, dtype=torch.float32, device=plan.meta.device)
     if plan.max_slots[1] > plan.max_slots[0]:
         ws[plan.max_slots[0]:plan.max_slots[1]].fill_(-math.inf)
-    eps1, eps2 = (float(e) for e in group["eps"])
-    fixed = group["beta2"] is not None
-    beta2 = float(group["beta2"]) if fixed else 0.0
-    decay_rate = float(group["decay_rate"])
-    scale_param = bool(group["scale_parameter"])
-    has_m = group["beta1"] is not None
-    beta1 = float(group["beta1"]) if has_m else 0.0
+    eps1, eps2, fixed, beta2, decay_rate, scale_param, has_m, beta1 = _group_scalars(group)
     finish_args = (float(group["lr"]), eps2, float(group["clip_threshold"]), float(group["weight_decay"]))
 
     def cols(b: Bucket, phase: int) -> None:
