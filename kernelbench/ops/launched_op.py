@@ -54,6 +54,12 @@ def nproc_option() -> OpOption:
                     minimum=1)
 
 
+
+def bucket_mb_option() -> OpOption:
+    """``--bucket-mb``, the same for every launched op that builds ShardedAdamW."""
+    return OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: its own, "
+                    "1024, or 256 with a gather group). dist-train-step: every ShardedAdamW candidate's.", above=0)
+
 class LaunchedOp(Op):
     kind = "multi-process"
     # Generic run options such an op takes besides its own, and how errors name them.

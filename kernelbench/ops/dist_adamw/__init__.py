@@ -19,7 +19,7 @@ from kernelbench.harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, Row
 
 from .. import optim_workloads
 from ..base import Requires, Tolerance, UsageError, Workload
-from ..launched_op import DEFAULT_NPROC, LaunchedOp, OpOption, nproc_option
+from ..launched_op import DEFAULT_NPROC, LaunchedOp, OpOption, bucket_mb_option, nproc_option
 
 WORKER = f"{__name__}.worker"
 # Interpreter-sized on CPU ranks (the run takes seconds); the model-sized step on GPUs.
@@ -77,8 +77,7 @@ OP = DistAdamWOp(
         OpOption("--steps", "steps", "timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. "
                  "For parity steps of other ops see --parity-steps.", minimum=1,
                  elsewhere_hint="parity steps are --parity-steps"),
-        OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: its own, "
-                 "1024, or 256 with a gather group). dist-train-step: every ShardedAdamW candidate's.", above=0),
+        bucket_mb_option(),
         OpOption("--gather-group", "gather_group", "ShardedAdamW all-gathers on a second communicator, beside "
                  "the reduce-scatters [default: on].", shown="--gather-group/--no-gather-group"),
     ],

@@ -38,7 +38,7 @@ from kernelbench.harness.rows import ERROR, FAIL, NOT_MEASURED, OK, PASS, SKIPPE
 from kernelbench.models.grid import BY_NAME
 
 from ..base import Requires, Workload
-from ..launched_op import DEFAULT_NPROC, LaunchedOp, OpOption, nproc_option
+from ..launched_op import DEFAULT_NPROC, LaunchedOp, OpOption, bucket_mb_option, nproc_option
 
 WORKER = f"{__name__}.worker"
 BASELINE = "ddp+torch-fused"
@@ -110,8 +110,7 @@ OP = DistTrainStepOp(
     speed_anchor=BASELINE,
     default_workloads=DEFAULT_WORKLOADS,
     options=[nproc_option(),
-             OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: its own, "
-                      "1024, or 256 with a gather group). dist-train-step: every ShardedAdamW candidate's.", above=0),
+             bucket_mb_option(),
              OpOption("--stall-s", "stall_s", "seconds after which a candidate's round with no result counts as hung: "
                       "it becomes an error row and the other candidates run again without it (default on GPUs: 240 "
                       "plus twice a round's --warmup-ms and --rep-ms; none on CPU ranks)", above=0)],
