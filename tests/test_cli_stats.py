@@ -2,6 +2,7 @@
 add / show, run --lock-clocks without a GPU, and plot of the samples."""
 
 import json
+import re
 import sys
 
 import pandas as pd
@@ -67,7 +68,9 @@ def test_ab_with_two_environments_calls_the_slowed_candidate_slower(tmp_path, mo
     slowed = pd.read_csv(out / "new-1" / "results.csv")
     assert "test_slowdown_ms" in set(slowed.metric)
     assert "test_slowdown_ms" not in set(pd.read_csv(out / "base-1" / "results.csv").metric)
-    assert "1 slower: adamw/tiny/step/torch-forloop" in result.output
+    # The unslowed candidate may be called slower too: a loaded 2-core host can drift between
+    # processes by more than the 5% threshold, as the verdict check on torch-foreach above allows.
+    assert re.search(r"\d slower: [^\n]*adamw/tiny/step/torch-forloop", result.output), result.output
 
 
 def test_ab_refuses_bad_sides_and_arguments(tmp_path):
