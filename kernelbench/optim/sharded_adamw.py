@@ -74,6 +74,20 @@ that reads a parameter outside its module's forward must call ``wait_params()`` 
 Gradient traffic in bf16 (``grad_comm_dtype=torch.bfloat16``): each bucket is cast into a bf16 copy
 that is reduce-scattered with SUM; the owned shard is upcast into the fp32 grad shard and scaled by
 1/W there. The moments, params and update stay fp32.
+
+Parameter traffic in bf16 (a param group's ``param_comm_dtype=torch.bfloat16``): the owned shard is
+cast (round to nearest even) into a bf16 bucket made for the all-gather, and the other ranks' shards
+are upcast from it into the fp32 params once it lands; the buffer goes when the gather is finished.
+The owned shard keeps its exact fp32 value, the master copy the update works on, and no other copy
+is kept: the state stays the moments. The rest of each replica holds the owners' values rounded to
+bf16. A parameter that enters the computation only through autocast's bf16 cast (an ``nn.Linear``
+weight under ``torch.autocast(dtype=torch.bfloat16)``) gets the rounding autocast applies anyway, so
+every rank computes what it would with fp32 traffic, bit for bit. One read in fp32 (an embedding, a
+norm's weight, a forward outside autocast) sees the rounding on the ranks that do not own it, as
+every rank does under FSDP2's bf16 ``param_dtype``. ``gather_params_fp32()`` gives every replica the
+exact values again (before saving the model or evaluating it in fp32). Buckets follow the groups in
+order and the overlap launches them in reverse: keep the groups in the model's order (for a Llama,
+the embedding in fp32, then the layers in bf16).
 """
 
 from __future__ import annotations
@@ -109,6 +123,7 @@ TORCH_ADAMW_GROUP_EXTRAS = {
 }
 
 GRAD_COMM_DTYPES = (None, torch.float32, torch.bfloat16)
+PARAM_COMM_DTYPES = GRAD_COMM_DTYPES
 
 # free_grads: reduce-scatters left running while the backward goes on; an older bucket is waited for
 # and released. Two keep the wait off the critical path when a bucket's communication takes up to
@@ -179,6 +194,8 @@ class _Bucket:
     step: torch.Tensor  # 0-d fp32 on the params' device; the kernel increments it
     comm_flat: torch.Tensor | None  # grad_flat cast to grad_comm_dtype for the wire (None: grad_flat itself)
     comm_shard: torch.Tensor | None  # this rank's slice of comm_flat
+    gather_dtype: torch.dtype | None  # the group's param_comm_dtype; None: param_flat itself is gathered
+    gather_flat: torch.Tensor | None = None  # the bf16 bucket of an all-gather in flight
 
 
 class ShardedAdamW(torch.optim.Optimizer):
@@ -216,6 +233,11 @@ class ShardedAdamW(torch.optim.Optimizer):
             waits for each bucket's just before its first module runs (module docstring,
             "Prefetching the parameters"); needs the model: ``module=`` or ``attach(model)``.
         module: the model whose modules own the params, for prefetch_params (see ``attach``).
+        param_comm_dtype: dtype of the parameters on the wire in the all-gathers, a param-group
+            option like ``lr`` (this is every group's default). None (or fp32): exact.
+            ``torch.bfloat16``: half the traffic; exact for parameters read only through autocast's
+            bf16 cast, rounded on the ranks that do not own them otherwise (module docstring,
+            "Parameter traffic in bf16").
 
     Construction is collective (every rank must build it) and checks that the ranks agree on the
     parameter list; ``step()`` and ``consolidated_state_dict()`` are collective too. The params
@@ -243,6 +265,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         free_grads: bool = False,
         prefetch_params: bool = False,
         module: torch.nn.Module | None = None,
+        param_comm_dtype: torch.dtype | None = None,
     ) -> None:
         from kernelbench.optim.grad_norm import check_max_grad_norm
 
@@ -283,9 +306,16 @@ class ShardedAdamW(torch.optim.Optimizer):
             raise ValueError("ShardedAdamW: module= is for prefetch_params=True; pass both or neither")
 
         self._constructing = True
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize,
+                        param_comm_dtype=param_comm_dtype)
         super().__init__(params, defaults)
         self._constructing = False
+        for g, group in enumerate(self.param_groups):
+            if group["param_comm_dtype"] not in PARAM_COMM_DTYPES:
+                raise ValueError(
+                    f"ShardedAdamW: param group {g} has param_comm_dtype={group['param_comm_dtype']!r}; accepted: "
+                    "None (the params' own fp32), torch.float32 or torch.bfloat16"
+                )
 
         if process_group is None and dist.is_available() and dist.is_initialized():
             process_group = dist.group.WORLD
@@ -404,6 +434,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         index = 0
         for g, group in enumerate(self.param_groups):
             hyper = tuple((k, group[k]) for k in ("lr", "betas", "eps", "weight_decay", "maximize"))
+            hyper += (("param_comm_dtype", str(group["param_comm_dtype"])),)
             entries.append((f"param group {g} hyperparameters", hyper))
             for p in group["params"]:
                 entries.append((self._param_name(index), (f"group {g}", tuple(p.shape), str(p.dtype))))
@@ -536,6 +567,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             step=torch.zeros((), dtype=torch.float32, device=self.device),
             comm_flat=comm_flat,
             comm_shard=None if comm_flat is None else comm_flat[lo:hi],
+            gather_dtype=None if group["param_comm_dtype"] in (None, torch.float32) else group["param_comm_dtype"],
         )
 
     # -- the step -------------------------------------------------------------------------------
@@ -649,7 +681,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         for index in bucket_indices:
             work = self._gathers.pop(index, None)
             if work is not None:
-                self._wait(work, "all-gather", self._buckets[index])
+                self._finish_gather(self._buckets[index], work)
 
     # -- overlap: hooks launch the reductions during the backward -------------------------------
     def _check_not_hooked(self, params: list[torch.Tensor]) -> None:
@@ -859,7 +891,7 @@ class ShardedAdamW(torch.optim.Optimizer):
                 self._gathers = {b.index: self._start_all_gather(b) for b in self._buckets}
             return
         for b, work in gathers:
-            self._wait(work, "all-gather", b)
+            self._finish_gather(b, work)
 
     def _allocate_shards(self, zero: bool = False) -> None:
         """free_grads: one buffer for every bucket's grad shard, made when a step first needs it
@@ -964,15 +996,47 @@ class ShardedAdamW(torch.optim.Optimizer):
         except RuntimeError as error:
             raise self._comm_error("reduce-scatter", b, error) from error
 
-    def _start_all_gather(self, b: _Bucket) -> Any:
+    def _start_all_gather(self, b: _Bucket, exact: bool = False) -> Any:
+        """Starts bucket ``b``'s parameter all-gather (``exact``: in fp32 whatever the group says);
+        ``_finish_gather`` completes it."""
+        flat, shard = b.param_flat, b.param_shard
+        if b.gather_dtype is not None and not exact:
+            b.gather_flat = torch.empty(flat.numel(), dtype=b.gather_dtype, device=flat.device)
+            lo = self.rank * b.shard_numel
+            shard = b.gather_flat[lo : lo + b.shard_numel]
+            shard.copy_(b.param_shard)
+            flat = b.gather_flat
         try:
             if self.comm == "all-reduce":
                 # List all-gather: the input must not alias the outputs, hence the copy.
-                chunks = list(b.param_flat.chunk(self.world_size))
-                return dist.all_gather(chunks, b.param_shard.clone(), group=self.gather_group, async_op=True)
-            return _all_gather_single()(b.param_flat, b.param_shard, group=self.gather_group, async_op=True)
+                chunks = list(flat.chunk(self.world_size))
+                return dist.all_gather(chunks, shard.clone(), group=self.gather_group, async_op=True)
+            return _all_gather_single()(flat, shard, group=self.gather_group, async_op=True)
         except RuntimeError as error:
             raise self._comm_error("all-gather", b, error) from error
+
+    def _finish_gather(self, b: _Bucket, work: Any) -> None:
+        """Waits for bucket ``b``'s all-gather; a bf16 one is upcast into every shard but this rank's,
+        which keeps its exact fp32 value."""
+        self._wait(work, "all-gather", b)
+        if b.gather_flat is None:
+            return
+        lo, hi = self.rank * b.shard_numel, (self.rank + 1) * b.shard_numel
+        b.param_flat[:lo].copy_(b.gather_flat[:lo])
+        b.param_flat[hi:].copy_(b.gather_flat[hi:])
+        b.gather_flat = None
+
+    @torch.no_grad()
+    def gather_params_fp32(self) -> None:
+        """Collective. Gives every replica the owners' exact fp32 parameters, also in the groups whose
+        all-gathers run in bf16 (``param_comm_dtype``): call it before saving the model's state dict or
+        running it outside autocast. Without such groups the replicas are exact already."""
+        self.wait_params()
+        if self.world_size == 1 or all(b.gather_dtype is None for b in self._buckets):
+            return
+        gathers = [(b, self._start_all_gather(b, exact=True)) for b in self._buckets if b.gather_dtype is not None]
+        for b, work in gathers:
+            self._finish_gather(b, work)
 
     def _wait(self, work: Any, what: str, b: _Bucket) -> None:
         try:
@@ -997,7 +1061,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         groups, index = [], 0
         for group in self.param_groups:
             saved = {k: v for k, v in group.items() if k != "params"}
-            if torch_extras:
+            if torch_extras:  # torch.optim.AdamW's own keys: the wire format is ShardedAdamW's alone
+                saved.pop("param_comm_dtype")
                 saved.update(TORCH_ADAMW_GROUP_EXTRAS)
             saved["params"] = list(range(index, index + len(group["params"])))
             index += len(group["params"])

@@ -200,6 +200,16 @@ def fsdp2_bf16_noreshard_torch_fused(setup):
     return worker.fsdp_step(setup, reshard_after_forward=False, optimizer="torch-fused", bf16_params=True)
 
 
+@OP.candidate("sharded-adamw-overlap+bf16-params", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_bf16_params(setup):
+    """sharded-adamw-overlap with the layers' parameter all-gathers in bf16 (param_comm_dtype): half
+    their traffic. Each rank's own shard stays fp32; the linears compute what fp32 gathers give, the
+    norms' weights are rounded to bf16 on the ranks that do not own them."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, bf16_params=True)
+
+
 @OP.candidate("sharded-adamw-overlap+prefetch", requires=Requires(triton=True, min_gpus=2), parity=False)
 def sharded_adamw_overlap_prefetch(setup):
     """sharded-adamw-overlap with prefetch_params=True: step() returns with the parameter all-gathers

@@ -223,7 +223,7 @@ def zero_overlap_step(setup: Setup) -> TrainStep | str:
 
 
 def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_group: bool = False,
-                 bf16_comm: bool = False) -> TrainStep | str:
+                 bf16_comm: bool = False, bf16_params: bool = False) -> TrainStep | str:
     from kernelbench.optim.sharded_adamw import ShardedAdamW
 
     accepted = inspect.signature(ShardedAdamW).parameters
@@ -231,7 +231,16 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         return "skipped: the installed ShardedAdamW has no overlap_grad_reduce argument"
     if prefetch and "prefetch_params" not in accepted:
         return "skipped: the installed ShardedAdamW has no prefetch_params argument"
+    if bf16_params and "param_comm_dtype" not in accepted:
+        return "skipped: the installed ShardedAdamW has no param_comm_dtype argument"
     model = setup.model()
+    params: list[Any] = list(model.named_parameters())
+    if bf16_params:
+        # In the model's order: the embedding (read in fp32, tied to the head) gathered in fp32, the
+        # layers in bf16, which their linears read through autocast's cast anyway.
+        embedding = "model.embed_tokens.weight"
+        params = [{"params": [(n, p) for n, p in params if n == embedding]},
+                  {"params": [(n, p) for n, p in params if n != embedding], "param_comm_dtype": torch.bfloat16}]
     kwargs: dict[str, Any] = {}
     if overlap:
         # ZeRO-2: the backward holds a few buckets of full gradient, not the model's.
@@ -249,7 +258,7 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
     clipping = "torch"
     if "max_grad_norm" in accepted:
         kwargs["max_grad_norm"], clipping = MAX_GRAD_NORM, "optimizer"
-    opt = ShardedAdamW(list(model.named_parameters()), **HYPERPARAMS, **kwargs)
+    opt = ShardedAdamW(params, **HYPERPARAMS, **kwargs)
     no_sync = getattr(opt, "no_sync", None) if overlap else contextlib.nullcontext
     what = "ShardedAdamW after backward: reduce-scatter, Triton update, all-gather, pipelined"
     if overlap:
@@ -262,6 +271,8 @@ def sharded_step(setup: Setup, *, overlap: bool, prefetch: bool = False, gather_
         what += ", all-gathers on a second communicator (gather_group)"
     if bf16_comm:
         what += ", gradients reduce-scattered in bf16 (grad_comm_dtype)"
+    if bf16_params:
+        what += ", the layers' parameters all-gathered in bf16 (param_comm_dtype), the embedding in fp32"
     what += f", {opt.bucket_bytes / 2**20:g} MiB buckets"
     if clipping == "torch":
         clipping = "torch (clip_grad_norm_ on ShardedAdamW's gradient views before step(): this rank's grads)"
