@@ -21,8 +21,10 @@
     [[parity]]                   # one table per op to check; same keys, plus
     steps = 5                    # and atol, rtol (default: the op's tolerances)
 
-An op that starts processes of its own (dist-adamw) runs every candidate in each launch: its
-[[bench]] table takes op and workloads only, with the op's default options.
+An op that starts processes of its own (dist-adamw, dist-train-step) runs its candidates in each
+launch: its [[bench]] table takes op, workloads, candidates where the op takes -c (dist-train-step)
+and its own options by their names, ``options = { nproc = 4, stall_s = 60 }`` (the command line's
+--nproc, --stall-s...).
 
 Unknown keys, unknown names and values out of bounds are errors that name the file, the key and
 what is accepted; every one in the file is reported at once.
@@ -48,8 +50,8 @@ from .session.plan import check_sweep, resolve_workload
 from .session.request import Entry
 
 SUITE_KEYS = {"name", "description", "device", "plugins", *USER_SETTINGS}
-ENTRY_KEYS = {"op", "workloads", "candidates", "exclude", "modes", "tags", "sweep"}
-PARITY_KEYS = ENTRY_KEYS | {"steps", "atol", "rtol"}
+ENTRY_KEYS = {"op", "workloads", "candidates", "exclude", "modes", "tags", "sweep", "options"}
+PARITY_KEYS = (ENTRY_KEYS - {"options"}) | {"steps", "atol", "rtol"}
 TOP_KEYS = {"suite", "bench", "parity"}
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -134,6 +136,9 @@ def _entry(problems: _Problems, where: str, table: Any, allowed: set[str]) -> En
     if len(problems.items) > before:
         return None
     entry = Entry(op=table["op"], tags=dict(tags or {}), sweep=table.get("sweep"))
+    if "options" in table:
+        op = get_op(table["op"])
+        entry.options = {op.option_by_key(key).flag: value for key, value in table["options"].items()}
     for key, value in lists.items():
         setattr(entry, key, value)
     if "steps" in table:
@@ -173,13 +178,36 @@ def _check_names(problems: _Problems, where: str, table: dict, lists: dict[str, 
         if mode not in op.modes():
             problems.add(f"{where}: op '{op.name}' has no mode '{mode}'; modes: {', '.join(op.modes())}")
     if op.kind == "multi-process":
-        own = [k for k in ("candidates", "exclude", "modes", "tags") if k in table]
+        chooses = "-c/--candidate" in op.takes
+        own = [k for k in ("exclude", "modes", "tags") if k in table]
+        if "candidates" in table and not chooses:
+            own.insert(0, "candidates")
         if own or where.startswith("[[parity]]"):
-            problems.add(f"{where}: op '{op.name}' runs every candidate in its own processes and checks them "
-                         f"there: a [[bench]] table with op and workloads only"
-                         + (f" (drop {', '.join(own)})" if own else ""))
+            takes = "op, workloads, candidates and options" if chooses else "op, workloads and options"
+            problems.add(f"{where}: op '{op.name}' runs its candidates in its own processes and checks them "
+                         f"there: a [[bench]] table with {takes} only" + (f" (drop {', '.join(own)})" if own else ""))
+        if "options" in table:
+            _check_options(problems, where, op, table["options"])
+    elif "options" in table:
+        problems.add(f"{where}: options are for ops that start processes of their own (dist-adamw, "
+                     f"dist-train-step); op '{op.name}' takes its timing settings from [suite]")
     if tags is not None:
         check(op.select, None, tags)
+
+
+def _check_options(problems: _Problems, where: str, op, options: Any) -> None:
+    if not isinstance(options, dict):
+        problems.add(f"{where}: options = {options!r}: expected a table like {{ nproc = 4 }}")
+        return
+    for key, value in options.items():
+        option = op.option_by_key(key)
+        if option is None:
+            accepted = ", ".join(o.key for o in op.options.values())
+            problems.add(f"{where}: op '{op.name}' has no option '{key}'; accepted: {accepted}")
+            continue
+        problem = option.config_problem(value)
+        if problem:
+            problems.add(f"{where}: options.{problem}")
 
 
 def load_suite(path: Path) -> Suite:

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelbench.cli import app
+from kernelbench.config import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -346,8 +347,22 @@ def test_a_usage_error_leaves_no_empty_report_folder(tmp_path):
         ("", "no [[bench]] or [[parity]] table"),
         ('[[parity]]\nop = "adamw"\nsteps = 0\n', "[[parity]] #1.steps = 0: must be at least 1"),
         ('[suite]\nrounds = 0\n[[bench]]\nop = "adamw"\n', "[suite].rounds = 0: must be at least 1"),
-        ('[[bench]]\nop = "dist-adamw"\ncandidates = ["sharded-zero1"]\n', "op and workloads only (drop candidates)"),
-        ('[[parity]]\nop = "dist-adamw"\n', "a [[bench]] table with op and workloads only"),
+        ('[[bench]]\nop = "dist-adamw"\ncandidates = ["sharded-zero1"]\n',
+         "a [[bench]] table with op, workloads and options only (drop candidates)"),
+        ('[[parity]]\nop = "dist-adamw"\n', "a [[bench]] table with op, workloads and options only"),
+        ('[[bench]]\nop = "dist-train-step"\nmodes = ["step"]\n',
+         "with op, workloads, candidates and options only (drop modes)"),
+        ('[[bench]]\nop = "adamw"\noptions = { nproc = 2 }\n', "options are for ops that start processes"),
+        ('[[bench]]\nop = "dist-train-step"\noptions = { nprocs = 2 }\n',
+         "op 'dist-train-step' has no option 'nprocs'; accepted: nproc, bucket_mb, stall_s"),
+        ('[[bench]]\nop = "dist-train-step"\noptions = { nproc = 2.5 }\n', "options.nproc = 2.5: expected an integer"),
+        ('[[bench]]\nop = "dist-train-step"\noptions = { nproc = 0 }\n', "options.nproc = 0: must be at least 1"),
+        ('[[bench]]\nop = "dist-train-step"\noptions = { stall_s = 0 }\n',
+         "options.stall_s = 0: must be greater than 0"),
+        ('[[bench]]\nop = "dist-adamw"\noptions = { gather_group = 1 }\n',
+         "options.gather_group = 1: expected true or false"),
+        ('[[bench]]\nop = "dist-train-step"\noptions = 4\n', "options = 4: expected a table like { nproc = 4 }"),
+        ('[[parity]]\nop = "adamw"\noptions = { nproc = 2 }\n', "unknown key 'options' in [[parity]] #1"),
     ],
 )
 def test_config_errors_are_one_literal_line_naming_the_file(body, expected, tmp_path):
@@ -392,6 +407,12 @@ def test_config_text_is_not_read_as_markup(tmp_path):
     config.write_text('[suite]\nrepms = 3\n[[bench]]\nop = "adamw"\n')
     result = kb("run", "--config", config)
     assert result.returncode == 2 and "in [suite];" in result.stderr
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.toml")))
+def test_every_shipped_suite_loads(config):
+    suite = load_suite(ROOT / "configs" / config)
+    assert suite.bench or suite.parity
 
 
 # -- 9. flags that cannot apply, and CLI values over the suite's ---------------------------------

@@ -165,6 +165,31 @@ def test_candidates_chosen_with_c_are_the_only_ones_the_ranks_run(tmp_path):
     assert set(rows.candidate) == {BASELINE, "sharded-adamw"}
 
 
+def test_a_suite_table_chooses_candidates_and_options_and_the_command_line_overrides_options(tmp_path):
+    config = tmp_path / "dist.toml"
+    config.write_text('[suite]\ndevice = "cpu"\n[[bench]]\nop = "dist-train-step"\n'
+                      f'candidates = ["sharded-adamw-overlap+bf16-params", "{BASELINE}"]\n'
+                      'options = { nproc = 2, bucket_mb = 0.5, stall_s = 900 }\n')
+    result = invoke("run", "--config", config, "--output-dir", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "out" / "dist-train-step-llama-tiny-1x32.json").read_text())
+    assert list(written["candidates"]) == [BASELINE, "sharded-adamw-overlap+bf16-params"]
+    assert written["world_size"] == 2
+    assert "0.5 MiB buckets" in written["candidates"]["sharded-adamw-overlap+bf16-params"]["what"]
+    settings = json.loads((tmp_path / "out" / "run.json").read_text())["settings"]["dist-train-step"]
+    assert settings["nproc"] == 2 and settings["bucket_mb"] == 0.5 and settings["stall_s"] == 900
+    # The command line's options win over the table's; one no table's op takes is refused.
+    again = invoke("run", "--config", config, "--bucket-mb", "0.25", "-c", BASELINE, "--output-dir", tmp_path / "again")
+    assert again.exit_code == 2 and "-c/--candidate" in again.output  # a suite's tables choose what runs
+    again = invoke("run", "--config", config, "--bucket-mb", "0.25", "--output-dir", tmp_path / "again")
+    assert again.exit_code == 0, again.output
+    settings = json.loads((tmp_path / "again" / "run.json").read_text())["settings"]["dist-train-step"]
+    assert settings["bucket_mb"] == 0.25 and settings["nproc"] == 2
+    refused = invoke("run", "--config", config, "--steps", "3")
+    assert refused.exit_code == 2 and "--steps: no [[bench]] table of" in refused.output, refused.output
+    assert "dist-adamw options only" in refused.output
+
+
 def test_an_unknown_candidate_is_refused_before_any_rank_starts(tmp_path):
     result = invoke("run", "dist-train-step", "--nproc", "2", "--device", "cpu", "-c", "no-such",
                     "--output-dir", tmp_path)

@@ -35,6 +35,21 @@ class OpOption:
     above: float | None = None
     # Added to the error when another op is given this option (a look-alike it may have meant).
     elsewhere_hint: str = ""
+    kind: str = "number"  # what a suite's ``options`` table may give: "int", "number" or "bool"
+
+    def config_problem(self, value: Any) -> str | None:
+        """Why ``value``, from a suite's ``options`` table, cannot be this option's; None if it can."""
+        is_bool = isinstance(value, bool)
+        wanted = {"bool": is_bool, "int": isinstance(value, int) and not is_bool,
+                  "number": isinstance(value, (int, float)) and not is_bool}[self.kind]
+        if not wanted:
+            expected = {"bool": "true or false", "int": "an integer", "number": "a number"}[self.kind]
+            return f"{self.key} = {value!r}: expected {expected}"
+        try:
+            self.check(value)
+        except UsageError as exc:
+            return str(exc).replace(self.flag, f"{self.key} =", 1)
+        return None
 
     def check(self, value: Any) -> None:
         if value is None or isinstance(value, bool):
@@ -51,14 +66,14 @@ DEFAULT_NPROC = 2
 def nproc_option() -> OpOption:
     """``--nproc``, the same for every launched op (the CLI's help names all the ops taking it)."""
     return OpOption("--nproc", "nproc", f"ranks to start through torch.distributed.run [default: {DEFAULT_NPROC}].",
-                    minimum=1)
-
+                    minimum=1, kind="int")
 
 
 def bucket_mb_option() -> OpOption:
     """``--bucket-mb``, the same for every launched op that builds ShardedAdamW."""
     return OpOption("--bucket-mb", "bucket_mb", "ShardedAdamW's bucket size in MiB, > 0 (default: its own, "
                     "1024, or 256 with a gather group). dist-train-step: every ShardedAdamW candidate's.", above=0)
+
 
 class LaunchedOp(Op):
     kind = "multi-process"
@@ -88,6 +103,10 @@ class LaunchedOp(Op):
     def accepted_text(self) -> str:
         names = [*self.takes_shown, *(o.shown or o.flag for o in self.options.values())]
         return ", ".join(names[:-1]) + f" and {names[-1]}"
+
+    def option_by_key(self, key: str) -> OpOption | None:
+        """The option a suite's ``options`` table names by its setting key (``nproc``), or None."""
+        return next((o for o in self.options.values() if o.key == key), None)
 
     def check_options(self, given: Mapping[str, Any]) -> None:
         for flag, value in given.items():

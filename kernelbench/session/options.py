@@ -186,7 +186,8 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
     """The request ``kernelbench run`` makes of these options; a UsageError names what is wrong.
 
     Without an op: the suite given by --config, else configs/ci.toml on a CUDA machine and
-    configs/quick.toml without one; the command line's timing values override the suite's."""
+    configs/quick.toml without one; the command line's timing values override the suite's, and its
+    launched ops' options (--nproc...) those of the suite's tables whose op takes them."""
     listener = listener or Listener()
     tried = load_plugins(options.plugins, listener)
     given = options.given()
@@ -208,7 +209,7 @@ def run_request(options: RunOptions, listener: Listener | None = None) -> RunReq
         if wrong:
             raise UsageError(f"{', '.join(wrong)}: not accepted by {target.name}, which takes "
                              f"{target.accepted_text()}")
-    elif options.op_options:
+    elif options.op_options and target is not None:
         raise UsageError(_foreign_options_error(options.op_options))
     if options.op is None:
         chooses = [k for k in _CHOOSING if k in given]
@@ -244,12 +245,18 @@ def _suite_request(options: RunOptions, listener: Listener, reported: list[Plugi
                       + ("" if on_gpu else " (the CPU suite: no CUDA device)"))
     suite = load_suite(config)
     report_plugins(suite.plugins, listener, reported=reported)
+    launched = [get_op(e.op) for e in suite.bench if isinstance(get_op(e.op), LaunchedOp)]
+    unused = [flag for flag in options.op_options if not any(flag in op.options for op in launched)]
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: no [[bench]] table of {config} runs an op that takes "
+                         f"{'it' if len(unused) == 1 else 'them'}; {_foreign_options_error(dict.fromkeys(unused))}")
     # A value given on the command line wins over the suite's, even when it equals the default.
     timing = timing_config(options.timing_values(), base=timing_config(suite.settings))
     device = options.device if options.device != "auto" else suite.settings.get("device", "auto")
     recorded = {k: v for k, v in suite.settings.items() if k not in USER_SETTINGS}
     return RunRequest("run", config.stem, bench=tuple(suite.bench), parity=tuple(suite.parity), device=device,
                       timing=timing, seed=options.seed or 0, lock_clocks=bool(options.lock_clocks),
+                      op_options=dict(options.op_options),
                       output=OutputSettings(options.output_dir, options.parity_detail or DEFAULT_PARITY_DETAIL),
                       recorded=recorded)
 

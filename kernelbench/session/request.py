@@ -21,7 +21,8 @@ class Entry:
     """One op to time or check: a suite's [[bench]] / [[parity]] table, or the CLI's op and its
     -c / -w / -m / --state / --sweep. None means the op's default (every candidate after
     ``tags``, the device's workloads, every mode). ``sweep`` (``N=256..65536``) varies one
-    dimension of the one shape ``workloads`` gives, else of the op's example shape for the device."""
+    dimension of the one shape ``workloads`` gives, else of the op's example shape for the device.
+    ``options``: a launched op's own options by flag (``--nproc``), from a suite's ``options`` table."""
 
     op: str
     workloads: list[str] | None = None
@@ -33,6 +34,7 @@ class Entry:
     atol: float | None = None
     rtol: float | None = None
     sweep: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

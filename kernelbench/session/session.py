@@ -44,21 +44,16 @@ class Session:
         bench_plan = plan(timed, device, request.seed)
         # Under --fsdp the entries name models, not the op's workloads: the ranks check them.
         parity_plans = [] if request.fsdp_nproc else [(e, plan([e], device, request.seed)) for e in request.parity]
-        launches = [(get_op(e.op), workload_names(e, device)) for e in launched]
+        launches = [(get_op(e.op), workload_names(e, device), self._launch_settings(e, device, request))
+                    for e in launched]
         if device == "cpu" and (bench_plan or parity_plans):
             self.listener.note("No CUDA device: running on the CPU. CPU candidates are timed with perf_counter; "
                                "Triton kernels run in the Triton interpreter for parity only (their time is not "
                                "measured).", important=True)
-        for op, _ in launches:
+        for op, _, _ in launches:
             note = op.device_note(device)
             if note:
                 self.listener.note(note, important=True)
-        op_settings = {op.name: op.settings(device, {k: v for k, v in request.op_options.items() if k in op.options},
-                                          request.timing)
-                       for op, _ in launches}
-        for entry in launched:  # -c, where a launched op takes it (its ranks run only those)
-            if entry.candidates and "-c/--candidate" in get_op(entry.op).takes:
-                op_settings[entry.op]["candidates"] = [c for c in get_op(entry.op).candidates if c in entry.candidates]
         recorded = dict(request.recorded)
         if bench_plan:
             recorded.update(request.timing.as_dict())
@@ -66,7 +61,9 @@ class Session:
             recorded["parity_detail"] = request.output.parity_detail
         if request.fsdp_nproc:
             recorded["fsdp_nproc"] = request.fsdp_nproc
-        recorded.update(op_settings)
+        for i, (op, _, settings) in enumerate(launches):  # a second table of the same op: its own key
+            key = op.name if all(other.name != op.name for other, _, _ in launches[:i]) else f"{op.name} #{i + 1}"
+            recorded[key] = settings
 
         def work(writer) -> None:
             with _clock_lock(self.listener, request.lock_clocks, device) as locked:
@@ -83,10 +80,10 @@ class Session:
                 self.listener.progress("measuring the device's copy bandwidth and bf16 matmul rate")
                 writer.set_ceilings(measure_ceilings(torch.cuda.current_device()).as_dict())
             self._run_harness(request, device, bench_plan, parity_plans, writer)
-            for op, names in launches:
+            for op, names, settings in launches:
                 for name in names:
-                    self.listener.progress(op.progress_text(name, op_settings[op.name]))
-                    rows, error = op.run_workload(name, device, writer.folder, op_settings[op.name])
+                    self.listener.progress(op.progress_text(name, settings))
+                    rows, error = op.run_workload(name, device, writer.folder, settings)
                     for row in rows:
                         writer.add(row)
                     if error:
@@ -95,6 +92,17 @@ class Session:
         folder = request.output.folder or _default_folder(request.verb, request.label)
         writer, interruption = self._recorded(folder, fingerprint(device, request.seed), request.verb, recorded, work)
         return _run_outcome(request.verb, folder, writer.rows, interruption)
+
+    @staticmethod
+    def _launch_settings(entry, device: str, request: RunRequest) -> dict[str, Any]:
+        """A launched op's settings for one entry: its table's options, then the command line's
+        (which win), and its -c where the op takes it (its ranks run only those)."""
+        op = get_op(entry.op)
+        given = {**entry.options, **{k: v for k, v in request.op_options.items() if k in op.options}}
+        settings = op.settings(device, given, request.timing)
+        if entry.candidates and "-c/--candidate" in op.takes:
+            settings["candidates"] = [c for c in op.candidates if c in entry.candidates]
+        return settings
 
     def _run_harness(self, request: RunRequest, device: str, bench_plan, parity_plans, writer) -> None:
         from ..harness.runner import run_benchmarks, run_parity

@@ -76,10 +76,10 @@ OP = DistAdamWOp(
         nproc_option(),
         OpOption("--steps", "steps", "timed steps per rank [default: 50 on GPUs, 10 on CPU ranks]. "
                  "For parity steps of other ops see --parity-steps.", minimum=1,
-                 elsewhere_hint="parity steps are --parity-steps"),
+                 elsewhere_hint="parity steps are --parity-steps", kind="int"),
         bucket_mb_option(),
         OpOption("--gather-group", "gather_group", "ShardedAdamW all-gathers on a second communicator, beside "
-                 "the reduce-scatters [default: on].", shown="--gather-group/--no-gather-group"),
+                 "the reduce-scatters [default: on].", shown="--gather-group/--no-gather-group", kind="bool"),
     ],
 )
 
