@@ -1061,7 +1061,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         groups, index = [], 0
         for group in self.param_groups:
             saved = {k: v for k, v in group.items() if k != "params"}
-            if torch_extras:  # torch.optim.AdamW's own keys: the wire format is ShardedAdamW's alone
+            if torch_extras:  # torch.optim.AdamW's keys only: param_comm_dtype is ShardedAdamW's
                 saved.pop("param_comm_dtype")
                 saved.update(TORCH_ADAMW_GROUP_EXTRAS)
             saved["params"] = list(range(index, index + len(group["params"])))
