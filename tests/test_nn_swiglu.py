@@ -2,6 +2,8 @@
 fp64 reference, gradcheck in fp64, the custom ops (opcheck, aot_eager fullgraph compile forward
 and backward), and bad input rejected with one-line errors in eager and under compile."""
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -181,12 +183,15 @@ def test_schemas():
     assert str(ops.silu_mul_fwd.default._schema) == "kernelbench::silu_mul_fwd(Tensor gate, Tensor up) -> Tensor"
     assert str(ops.silu_mul_bwd.default._schema) == (
         "kernelbench::silu_mul_bwd(Tensor dy, Tensor gate, Tensor up) -> (Tensor, Tensor)")
+    assert str(ops.silu_mul_bwd_into_dy.default._schema) == (
+        "kernelbench::silu_mul_bwd_into_dy(Tensor(a0!) dy, Tensor gate, Tensor up) -> Tensor")
 
 
 def test_opcheck():
     gate, up, dy = draw((3, 5, 16), torch.float32, seed=5)
     torch.library.opcheck(torch.ops.kernelbench.silu_mul_fwd.default, (gate, up))
     torch.library.opcheck(torch.ops.kernelbench.silu_mul_bwd.default, (dy, gate.detach(), up.detach()))
+    torch.library.opcheck(torch.ops.kernelbench.silu_mul_bwd_into_dy.default, (dy.clone(), gate.detach(), up.detach()))
 
 
 class MLP(torch.nn.Module):
@@ -257,6 +262,59 @@ def test_compiled_graph_holds_the_custom_ops():
     assert len(graphs) == 2
     assert "kernelbench.silu_mul_fwd" in graphs[0] and "silu.default" not in graphs[0]
     assert "kernelbench.silu_mul_bwd" in graphs[1]
+
+
+def test_compiled_backward_leaves_the_callers_gradient_alone():
+    """Where silu_mul's output is the compiled region's output, dy is the caller's tensor: the
+    backward that writes dgate over dy must work on a copy of it."""
+    torch._dynamo.reset()
+    gate, up, dy = draw((4, 8), torch.float32, seed=7)
+    compiled = torch.compile(lambda g, u: silu_mul(g, u, impl="triton"), backend="aot_eager", fullgraph=True)
+    kept = dy.clone()
+    compiled(gate, up).backward(dy)
+    assert torch.equal(dy, kept)
+    gate2, up2 = gate.detach().clone().requires_grad_(True), up.detach().clone().requires_grad_(True)
+    silu_mul(gate2, up2, impl="triton").backward(kept)
+    assert torch.equal(gate.grad, gate2.grad) and torch.equal(up.grad, up2.grad)
+
+
+def test_the_in_place_backward_op_checks_dy_and_writes_dgate_over_it():
+    gate, up, dy = draw((3, 5, 16), torch.float32, seed=8)
+    gate, up = gate.detach(), up.detach()
+    dgate, dup = torch.ops.kernelbench.silu_mul_bwd(dy, gate, up)
+    written = dy.clone()
+    got_dup = torch.ops.kernelbench.silu_mul_bwd_into_dy(written, gate, up)
+    assert torch.equal(written, dgate) and torch.equal(got_dup, dup)
+    with pytest.raises(ValueError, match="dy must be contiguous"):
+        torch.ops.kernelbench.silu_mul_bwd_into_dy(dy.transpose(0, 1), gate.transpose(0, 1), up.transpose(0, 1))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="Inductor's CPU code needs a C++ compiler")
+def test_inductor_writes_dgate_over_the_down_projections_gradient_without_a_copy():
+    """In a compiled MLP, dy is the down projection's fresh gradient: Inductor hands it to the in-place
+    op itself (no clone), so the backward holds one new [tokens, intermediate] buffer (dup) where the
+    functional op held two, as Inductor's own SiLU backward does."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mlp = MLP("triton")
+    compiled = torch.compile(mlp, fullgraph=True)
+    x = torch.randn(2, 3, 16)
+
+    def step():
+        compiled(x).square().sum().backward()
+
+    _, codes = run_and_get_code(step)
+    backward = codes[-1]
+    assert "kernelbench.silu_mul_bwd_into_dy" in backward, backward
+    assert "clone" not in backward and ".copy_(" not in backward, backward
+    grads = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad(set_to_none=True)
+    mlp(x).square().sum().backward()
+    for got, want in zip(grads, [p.grad for p in mlp.parameters()]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------

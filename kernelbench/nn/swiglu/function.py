@@ -10,12 +10,13 @@ op's body.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .. import _inductor_fallbacks
 from .._triton_support import compiled_op, wrap_triton
 from . import host
 from .host import check_inputs, flat, launch_spec
-from .kernels import _silu_mul_bwd_kernel, _silu_mul_fwd_kernel
+from .kernels import _silu_mul_bwd_in_place_kernel, _silu_mul_bwd_kernel, _silu_mul_fwd_kernel
 
 
 class SiluMulFunction(torch.autograd.Function):
@@ -71,13 +72,41 @@ def _(dy, gate, up):
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
+@compiled_op("kernelbench::silu_mul_bwd_into_dy", mutates_args=("dy",))
+def _silu_mul_bwd_into_dy_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """dgate written over dy (contiguous, gate's shape; each element read before it is written),
+    dup returned."""
+    if not dy.is_contiguous():
+        raise ValueError("kernelbench::silu_mul_bwd_into_dy: dy must be contiguous (it receives dgate)")
+    gate, up = flat(gate), flat(up)
+    dup = torch.empty_like(up)
+    numel = gate.numel()
+    if numel:
+        grid, meta = launch_spec(numel, gate, None)
+        wrap_triton(_silu_mul_bwd_in_place_kernel)[grid](dy, gate, up, dup, numel, **meta)
+    return dup
+
+
+@_silu_mul_bwd_into_dy_op.register_fake
+def _(dy, gate, up):
+    return up.new_empty(up.shape)
+
+
 def _op_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
 def _op_backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    return torch.ops.kernelbench.silu_mul_bwd(dy, gate, up)
+    if not is_fake(dy):  # run eagerly: dy may be the caller's tensor, so it is left alone
+        return torch.ops.kernelbench.silu_mul_bwd(dy, gate, up)
+    # Traced (torch.compile): dgate over dy, which in a model is the down projection's fresh
+    # gradient, so Inductor writes it in place instead of holding a third [tokens, intermediate]
+    # buffer, as its own fused SiLU backward does; where dy has another use, functionalization
+    # keeps a copy and the result is the same.
+    dgate = flat(dy)
+    dup = torch.ops.kernelbench.silu_mul_bwd_into_dy(dgate, gate, up)
+    return dgate, dup
 
 
 _silu_mul_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
@@ -87,4 +116,5 @@ _silu_mul_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context
 _inductor_fallbacks.declare(
     torch.ops.kernelbench.silu_mul_fwd.default,
     torch.ops.kernelbench.silu_mul_bwd.default,
+    torch.ops.kernelbench.silu_mul_bwd_into_dy.default,
 )
