@@ -143,7 +143,8 @@ def test_run_through_on_two_cpu_ranks(tmp_path):
     assert {BASELINE, "fsdp2+torch-fused", "fsdp2-noreshard+torch-fused", "fsdp2-bf16-noreshard+torch-fused",
             "fsdp2+triton-adamw", "sharded-adamw", "sharded-adamw-overlap",
             "sharded-adamw-overlap+prefetch", "sharded-adamw-overlap+gather-group",
-            "sharded-adamw-overlap+bf16-comm", "sharded-adamw-overlap+bf16-params"} <= set(ran)
+            "sharded-adamw-overlap+bf16-comm", "sharded-adamw-overlap+bf16-params",
+            "sharded-adamw-overlap+prefetch+bf16-params"} <= set(ran)
     verdicts = rows[rows.metric == "parity"].set_index("candidate")
     assert set(verdicts.status) == {"pass"} and "fsdp2+torch-fused" in verdicts.index
     written = json.loads((tmp_path / "dist-train-step-llama-tiny-1x32.json").read_text())

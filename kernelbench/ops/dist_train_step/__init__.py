@@ -219,6 +219,15 @@ def sharded_adamw_overlap_prefetch(setup):
     return worker.sharded_step(setup, overlap=True, prefetch=True)
 
 
+@OP.candidate("sharded-adamw-overlap+prefetch+bf16-params", requires=Requires(triton=True, min_gpus=2), parity=False)
+def sharded_adamw_overlap_prefetch_bf16_params(setup):
+    """sharded-adamw-overlap+prefetch with the layers' parameter all-gathers in bf16: half the
+    traffic the next forward overlaps."""
+    from . import worker
+
+    return worker.sharded_step(setup, overlap=True, prefetch=True, bf16_params=True)
+
+
 @OP.candidate("sharded-adamw-overlap+gather-group", requires=Requires(triton=True, min_gpus=2), parity=False)
 def sharded_adamw_overlap_gather_group(setup):
     """sharded-adamw-overlap with its all-gathers on a second communicator (gather_group), so the
