@@ -287,6 +287,12 @@ def test_the_in_place_backward_op_checks_dy_and_writes_dgate_over_it():
     assert torch.equal(written, dgate) and torch.equal(got_dup, dup)
     with pytest.raises(ValueError, match="dy must be contiguous"):
         torch.ops.kernelbench.silu_mul_bwd_into_dy(dy.transpose(0, 1), gate.transpose(0, 1), up.transpose(0, 1))
+    # A dy smaller than gate would be read (and written) past its end: refused before any launch.
+    for op in (torch.ops.kernelbench.silu_mul_bwd_into_dy, torch.ops.kernelbench.silu_mul_bwd):
+        with pytest.raises(ValueError, match=r"dy is \(3, 5, 8\) torch.float32 on cpu, gate \(3, 5, 16\)"):
+            op(dy[..., :8].contiguous(), gate, up)
+        with pytest.raises(ValueError, match="dy must match gate"):
+            op(dy.double(), gate, up)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,

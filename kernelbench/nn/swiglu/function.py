@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import is_fake
 from .. import _inductor_fallbacks
 from .._triton_support import compiled_op, wrap_triton
 from . import host
-from .host import check_inputs, flat, launch_spec
+from .host import check_backward_inputs, check_inputs, flat, launch_spec
 from .kernels import _silu_mul_bwd_in_place_kernel, _silu_mul_bwd_kernel, _silu_mul_fwd_kernel
 
 
@@ -58,6 +58,7 @@ def _(gate, up):
 @compiled_op("kernelbench::silu_mul_bwd", mutates_args=())
 def _silu_mul_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup), contiguous."""
+    check_backward_inputs(dy, gate, up)
     dy, gate, up = flat(dy), flat(gate), flat(up)
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     numel = gate.numel()
@@ -69,6 +70,7 @@ def _silu_mul_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> 
 
 @_silu_mul_bwd_op.register_fake
 def _(dy, gate, up):
+    check_backward_inputs(dy, gate, up)
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
@@ -76,6 +78,7 @@ def _(dy, gate, up):
 def _silu_mul_bwd_into_dy_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """dgate written over dy (contiguous, gate's shape; each element read before it is written),
     dup returned."""
+    check_backward_inputs(dy, gate, up)
     if not dy.is_contiguous():
         raise ValueError("kernelbench::silu_mul_bwd_into_dy: dy must be contiguous (it receives dgate)")
     gate, up = flat(gate), flat(up)
@@ -89,6 +92,7 @@ def _silu_mul_bwd_into_dy_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Ten
 
 @_silu_mul_bwd_into_dy_op.register_fake
 def _(dy, gate, up):
+    check_backward_inputs(dy, gate, up)
     return up.new_empty(up.shape)
 
 
@@ -101,9 +105,9 @@ def _op_backward(ctx, dy):
     if not is_fake(dy):  # run eagerly: dy may be the caller's tensor, so it is left alone
         return torch.ops.kernelbench.silu_mul_bwd(dy, gate, up)
     # Traced (torch.compile): dgate over dy, which in a model is the down projection's fresh
-    # gradient, so Inductor writes it in place instead of holding a third [tokens, intermediate]
-    # buffer, as its own fused SiLU backward does; where dy has another use, functionalization
-    # keeps a copy and the result is the same.
+    # gradient, so Inductor writes it in place and the backward holds one new [tokens,
+    # intermediate] buffer (dup), not two, as with its own fused SiLU backward; where dy has
+    # another use, functionalization keeps a copy and the result is the same.
     dgate = flat(dy)
     dup = torch.ops.kernelbench.silu_mul_bwd_into_dy(dgate, gate, up)
     return dgate, dup

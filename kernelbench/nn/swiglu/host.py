@@ -114,3 +114,14 @@ def check_inputs(gate: torch.Tensor, up: torch.Tensor) -> None:
                          "both must have the same shape (no broadcasting)")
     if up.device != gate.device:
         raise ValueError(f"silu_mul: up is on {up.device}, gate on {gate.device}; both must be on one device")
+
+
+def check_backward_inputs(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> None:
+    """(gate, up) as ``check_inputs``, and dy of their shape, dtype and device: the backward
+    kernels read (and the in-place one writes) numel elements of each."""
+    check_inputs(gate, up)
+    if not isinstance(dy, torch.Tensor):
+        raise TypeError(f"silu_mul backward: dy must be a tensor, got {type(dy).__name__}")
+    if (dy.shape, dy.dtype, dy.device) != (gate.shape, gate.dtype, gate.device):
+        raise ValueError(f"silu_mul backward: dy is {tuple(dy.shape)} {dy.dtype} on {dy.device}, gate "
+                         f"{tuple(gate.shape)} {gate.dtype} on {gate.device}; dy must match gate")
