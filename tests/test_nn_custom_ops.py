@@ -15,6 +15,7 @@ from kernelbench.nn import (
     apply_rotary_,
     autoselect,
     cross_entropy,
+    linear_cross_entropy,  # noqa: F401 (registers kernelbench::linear_cross_entropy)
     rms_norm,
     silu_mul,
 )
@@ -34,6 +35,37 @@ def test_schemas():
         "kernelbench::rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? offsets, SymInt position_offset, "
         "bool interleaved, bool bshd, bool backward) -> (Tensor, Tensor)")
     assert "Tensor(a0!) q, Tensor(a1!) k" in str(ops.rotary_.default._schema)
+
+
+def _direct_calls():
+    """Each op called directly (as torch.ops), one tensor not matching the others: what a kernel
+    would read or write past its end, or in the wrong dtype, if the op did not check."""
+    ops = torch.ops.kernelbench
+    x, w, rows = torch.randn(4, 16), torch.ones(16), torch.ones(4)
+    q, k, cos, sin = torch.randn(1, 2, 8, 8), torch.randn(1, 2, 8, 8), torch.ones(8, 8), torch.zeros(8, 8)
+    logits, targets = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
+    return [
+        ("rms_norm_fwd residual", lambda: ops.rms_norm_fwd(x, w, x[:2], 1e-6), "residual has shape"),
+        ("rms_norm_fwd weight", lambda: ops.rms_norm_fwd(x, w[:8], None, 1e-6), "weight has shape"),
+        ("rms_norm_bwd dy", lambda: ops.rms_norm_bwd(x[:2], None, x, w, rows), r"dy is \(2, 16\)"),
+        ("rms_norm_bwd dh", lambda: ops.rms_norm_bwd(x, x.double(), x, w, rows), "dh is"),
+        ("rms_norm_bwd rstd", lambda: ops.rms_norm_bwd(x, None, x, w, rows[:2]), r"rstd is \(2,\)"),
+        ("rotary cos", lambda: ops.rotary(q, k, cos[:4], sin[:4], None, 0, False, False, False), "positions"),
+        ("rotary_ k", lambda: ops.rotary_(q, k[..., :4], cos, sin, None, 0, False, False), "must share"),
+        ("silu_mul_fwd up", lambda: ops.silu_mul_fwd(x, x[:2]), "up has shape"),
+        ("silu_mul_bwd dy", lambda: ops.silu_mul_bwd(x[:2], x, x), "dy must match gate"),
+        ("cross_entropy_fwd targets", lambda: ops.cross_entropy_fwd(logits, targets[:2], -100, "mean"),
+         "targets has shape"),
+        ("linear_cross_entropy weight", lambda: ops.linear_cross_entropy(x, torch.randn(10, 8), targets, -100, "mean",
+                                                                         None, False, False),
+         "does not match hidden"),
+    ]
+
+
+@pytest.mark.parametrize("name, call, message", _direct_calls(), ids=[c[0] for c in _direct_calls()])
+def test_every_op_called_directly_checks_its_tensors_before_a_launch(name, call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
 
 
 @pytest.mark.parametrize("residual, weight", [(False, True), (True, True), (True, False)])

@@ -47,6 +47,7 @@ def _cross_entropy_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, lse, n_valid); lse of shape (M,), n_valid a scalar (empty for "none"). The body is
     ``host.forward``'s default launches, traceably."""
+    check_inputs(logits, targets, ignore_index, reduction)
     x2d, t1d = as_rows(logits), as_targets(targets)
     m, v = x2d.shape
     acc = acc_dtype(x2d.dtype)

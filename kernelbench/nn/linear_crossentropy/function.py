@@ -51,6 +51,7 @@ def _linear_cross_entropy_op(
     chunk_rows: int | None, grad_hidden: bool, grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dh, dW): dh / dW of the loss itself, empty where not asked for."""
+    check_inputs(hidden, weight, targets, ignore_index, reduction, chunk_rows)
     loss, dh, dw = host.forward(as_rows(hidden).contiguous(), weight.contiguous(), as_targets(targets),
                                 ignore_index, reduction, chunk_rows, grad_hidden, grad_weight)
     return (loss, hidden.new_empty(0) if dh is None else dh.view(hidden.shape),

@@ -23,6 +23,7 @@ from .host import (
     bwd_args,
     bwd_config,
     bwd_spec,
+    check_backward_inputs,
     check_inputs,
     fwd_args,
     fwd_config,
@@ -116,11 +117,19 @@ class RMSNormFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------
 # The ops torch.compile sees
 # ------------------------------------------------------------------------------------------------
+def _check_forward(x, weight, residual) -> None:
+    check_inputs(x, weight, residual)
+    if x.shape[-1] > MAX_N:
+        raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row the "
+                         "Triton kernels take; use impl='torch' or impl='auto'")
+
+
 @compiled_op("kernelbench::rms_norm_fwd", mutates_args=())
 def _rms_norm_fwd_op(
     x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, h, rstd): h = x + residual (an empty tensor without a residual), rstd of shape (M,)."""
+    _check_forward(x, weight, residual)
     n = x.shape[-1]
     x2d = as_rows(x, n)
     res2d = as_rows(residual, n) if residual is not None else None
@@ -141,10 +150,7 @@ def _rms_norm_fwd_op(
 def _(x, weight, residual, eps):
     _inductor_fallbacks.ensure_registered()
     # Tracing runs this on every call: bad input fails here with the eager error's text.
-    check_inputs(x, weight, residual)
-    if x.shape[-1] > MAX_N:
-        raise ValueError(f"rms_norm(impl='triton'): last dimension {x.shape[-1]} > {MAX_N}, the widest row the "
-                         "Triton kernels take; use impl='torch' or impl='auto'")
+    _check_forward(x, weight, residual)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
     return x.new_empty(x.shape), h, x.new_empty((rows,), dtype=acc_dtype(x.dtype))
@@ -156,6 +162,7 @@ def _rms_norm_bwd_op(
     rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) from the normalised input h (or x); dw is an empty tensor without a weight."""
+    check_backward_inputs(dy, dh, normed, weight, rstd)
     n = normed.shape[-1]
     x2d, dy2d = as_rows(normed, n), as_rows(dy, n)
     dres2d = as_rows(dh, n) if dh is not None else None
@@ -187,6 +194,7 @@ def _rms_norm_bwd_op(
 
 @_rms_norm_bwd_op.register_fake
 def _(dy, dh, normed, weight, rstd):
+    check_backward_inputs(dy, dh, normed, weight, rstd)
     dw = weight.new_empty(weight.shape) if weight is not None else normed.new_empty(0)
     return normed.new_empty(normed.shape), dw
 

@@ -471,6 +471,22 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.T
         raise ValueError(f"rms_norm: weight is on {weight.device}, x on {x.device}")
 
 
+def check_backward_inputs(dy: torch.Tensor, dh: torch.Tensor | None, normed: torch.Tensor,
+                          weight: torch.Tensor | None, rstd: torch.Tensor) -> None:
+    """The backward op's tensors against the normalised input: what its kernels read and write."""
+    check_inputs(normed, weight, None)
+    rows = normed.numel() // normed.shape[-1] if normed.shape[-1] else 0
+    expected = [("dy", dy, (normed.shape, normed.dtype)), ("rstd", rstd, ((rows,), acc_dtype(normed.dtype)))]
+    if dh is not None:
+        expected.append(("dh", dh, (normed.shape, normed.dtype)))
+    for name, t, want in expected:
+        if not isinstance(t, torch.Tensor) or (tuple(t.shape), t.dtype, t.device) != (tuple(want[0]), want[1],
+                                                                                        normed.device):
+            got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"rms_norm backward: {name} is {got}; expected {tuple(want[0])} {want[1]} on "
+                             f"{normed.device}")
+
+
 def triton_usable(x: torch.Tensor) -> str | None:
     """Why the Triton path cannot take ``x`` here, or None when it can."""
     why = why_not_here(x)

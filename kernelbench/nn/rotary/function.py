@@ -36,7 +36,10 @@ class RotaryFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------
 def _traced_launch(q, k, q_out, k_out, cos, sin, offsets, position_offset, *, interleaved, backward, copy_pass,
                    layout):
-    """``host.launch``'s default launch as a traceable ``wrap_triton`` call (the ops' bodies)."""
+    """``host.launch``'s default launch as a traceable ``wrap_triton`` call (the ops' bodies); the
+    inputs checked first, as the fakes check them, since the ops may be called directly."""
+    check_inputs(q, k, cos, sin, "interleaved" if interleaved else "half", layout,
+                 offsets if offsets is not None else position_offset)
     batch, hq, seq, dim = bhsd_shape(q, layout)
     hk = bhsd_shape(k, layout)[1]
     # Heads and dims are the model's (specialized under dynamic shapes); batch and seq may vary.

@@ -38,6 +38,7 @@ class SiluMulFunction(torch.autograd.Function):
 @compiled_op("kernelbench::silu_mul_fwd", mutates_args=())
 def _silu_mul_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, contiguous."""
+    check_inputs(gate, up)
     gate, up = flat(gate), flat(up)
     out = torch.empty_like(gate)
     numel = gate.numel()
