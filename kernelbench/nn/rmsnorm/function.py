@@ -204,6 +204,9 @@ def _op_setup_context(ctx, inputs, output):
     _, h, rstd = output
     ctx.has_residual = residual is not None
     ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+    # An output nobody reads (the final norm's h) gets None, not a zeros [tokens, hidden] buffer
+    # held into the backward (results/2026-11-28-h200-tied-rows-compiled-peak).
+    ctx.set_materialize_grads(False)
 
 
 def _op_backward(ctx, dy, dh, _drstd):
