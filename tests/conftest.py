@@ -84,3 +84,23 @@ def registry_sandbox():
     for name in set(sys.modules) - modules:
         if name.startswith("kernelbench_plugin_"):
             del sys.modules[name]
+
+
+@pytest.fixture
+def aot_graphs():
+    """(backend, graphs): a torch.compile backend that runs AOTAutograd's partitioner and records
+    the forward, then the backward graph's text, in the order compiled."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs: list[str] = []
+
+    def record(g, _):
+        graphs.append(str(g.graph))
+        return make_boxed_func(g.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
+
+    torch._dynamo.reset()
+    return backend, graphs

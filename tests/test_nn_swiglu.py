@@ -241,21 +241,9 @@ def test_compiled_matches_eager_and_does_not_recompile():
     assert not counters["recompiles"]
 
 
-def test_compiled_graph_holds_the_custom_ops():
+def test_compiled_graph_holds_the_custom_ops(aot_graphs):
     """Forward and backward graphs call the fused ops, not silu and mul."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    graphs = []
-
-    def backend(gm, example_inputs):
-        def record(g, _):
-            graphs.append(str(g.graph))
-            return make_boxed_func(g.forward)
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
-
-    torch._dynamo.reset()
+    backend, graphs = aot_graphs
     gate, up, _ = draw((4, 8), torch.float32, seed=6)
     compiled = torch.compile(lambda g, u: silu_mul(g, u, impl="triton"), backend=backend, fullgraph=True)
     compiled(gate, up).sum().backward()
