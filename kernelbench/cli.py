@@ -713,12 +713,13 @@ def plot_cmd(
 
 @app.command(epilog=EXIT_CODES_HELP)
 def autoselect(
-    op: Annotated[str, typer.Argument(help="rmsnorm or rotary.")],
+    op: Annotated[str, typer.Argument(help="rmsnorm, rotary or swiglu.")],
     shape: Annotated[str, typer.Option("--shape", help="rmsnorm: the input shape, e.g. 16x2048x4096; rotary: "
-                                                       "BxHqxHkxSxDxROTARY_DIM.")],
+                                                       "BxHqxHkxSxDxROTARY_DIM; swiglu: gate's shape.")],
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     mode: Annotated[str, typer.Option("--mode", help="fwd or fwd+bwd.")] = "fwd+bwd",
-    variant: Annotated[str, typer.Option("--variant", help="rotary: <style>-<layout>, e.g. half-bhsd.")] = "",
+    variant: Annotated[str, typer.Option("--variant", help="rmsnorm: residual (with the fused add); rotary: "
+                                                           "<style>-<layout>, e.g. half-bhsd.")] = "",
     refresh: Annotated[bool, typer.Option("--refresh", help="Measure again and overwrite the cached choice.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:

@@ -101,6 +101,54 @@ def test_wide_rows_fall_back_to_torch(cache_dir):
     assert report["choice"] == "torch" and "70000 > 65536" in report["reason"]
 
 
+class RunningTimer:
+    """Runs every runner once (the interpreter on the CPU), then answers fixed times: what each
+    implementation returned is kept to compare."""
+
+    def __init__(self, times):
+        self.times, self.ran = times, []
+
+    def __call__(self, runners):
+        for name, run in runners.items():
+            run()
+            self.ran.append(name)
+        return dict(self.times)
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_swiglu_candidates_run_both_implementations(cache_dir, mode):
+    timer = RunningTimer({"triton": 2.0, "torch": 1.0})
+    report = autoselect_report("swiglu", (2, 3, 40), torch.float32, mode=mode, timer=timer)
+    assert sorted(timer.ran) == ["torch", "triton"]
+    assert report["choice"] == "torch" and report["key"].startswith(f"swiglu|-|2x3x40|float32|{mode}|")
+
+
+def test_rmsnorm_residual_variant_times_the_fused_call(cache_dir):
+    timer = RunningTimer({"triton": 1.0, "torch": 2.0})
+    report = autoselect_report("rmsnorm", (2, 3, 40), torch.float32, variant="residual", timer=timer)
+    assert sorted(timer.ran) == ["torch", "triton"]
+    assert report["choice"] == "triton" and report["key"].startswith("rmsnorm|residual|2x3x40|")
+    with pytest.raises(ValueError, match="rmsnorm variant 'fused'; accepted: '' or 'residual'"):
+        autoselect_report("rmsnorm", (2, 40), torch.float32, variant="fused", timer=timer)
+
+
+def test_rmsnorm_with_a_residual_asks_for_the_residual_variant(cache_dir, monkeypatch):
+    from kernelbench.nn import rmsnorm as rmsnorm_module
+
+    asked = []
+
+    def fake_choose(candidates, shape, dtype, device, *, requires_grad, variant=""):
+        asked.append((candidates.op, shape, variant, requires_grad))
+        return "torch"
+
+    monkeypatch.setattr(rmsnorm_module.module, "choose_impl", fake_choose)
+    x, r, w = torch.randn(3, 40), torch.randn(3, 40), torch.ones(40)
+    y, h = rmsnorm_module.rms_norm(x, w, 1e-6, residual=r)
+    rmsnorm_module.rms_norm(x, w, 1e-6)
+    assert asked == [("rmsnorm", (3, 40), "residual", False), ("rmsnorm", (3, 40), "", False)]
+    assert torch.equal(h, x + r)
+
+
 def test_bad_arguments(cache_dir):
     with pytest.raises(ValueError, match="unknown op 'layernorm'"):
         autoselect_report("layernorm", (2, 4), torch.float32)
@@ -127,14 +175,15 @@ def test_without_triton_one_log_line(cache_dir):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "auto ok"
     assert [line for line in out.stderr.splitlines() if "triton not installed" in line] == [
-        "kernelbench.nn: triton not installed; RMSNorm and rotary use PyTorch"
+        "kernelbench.nn: triton not installed; RMSNorm, rotary and SwiGLU use PyTorch"
     ]
 
 
 def test_autoselect_imports_no_candidate():
     """auto-selection takes the candidates it times: importing it loads neither kernel module."""
     code = ("import sys, kernelbench.nn.autoselect\n"
-            "print(sorted(m for m in sys.modules if m in ('kernelbench.nn.rmsnorm', 'kernelbench.nn.rotary')))\n")
+            "print(sorted(m for m in sys.modules if m in ('kernelbench.nn.rmsnorm', 'kernelbench.nn.rotary',\n"
+            "                                             'kernelbench.nn.swiglu')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

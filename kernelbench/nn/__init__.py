@@ -22,15 +22,17 @@ _EXPORTS = {
     "LinearCrossEntropyLoss": "kernelbench.nn.linear_crossentropy",
 }
 # The modules whose AUTOSELECT candidates impl="auto" times, by op name.
-_AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary"}
+_AUTOSELECT_OPS = {"rmsnorm": "kernelbench.nn.rmsnorm", "rotary": "kernelbench.nn.rotary",
+                   "swiglu": "kernelbench.nn.swiglu"}
 
 __all__ = [*_EXPORTS, "autoselect_report"]
 
 
 def autoselect_report(op: str, shape: tuple, dtype: Any, **options: Any) -> dict:
     """``kernelbench.nn.autoselect.autoselect_report`` for an op named "rmsnorm" (shape: the
-    input's, (..., N)) or "rotary" (shape: (B, Hq, Hk, S, D, rotary_dim); ``variant``
-    "<style>-<layout>", default "half-bhsd"); the options are that function's."""
+    input's, (..., N); ``variant`` "residual" for the call with a residual add), "rotary" (shape:
+    (B, Hq, Hk, S, D, rotary_dim); ``variant`` "<style>-<layout>", default "half-bhsd") or
+    "swiglu" (shape: gate's); the options are that function's."""
     if op not in _AUTOSELECT_OPS:
         raise ValueError(f"autoselect: unknown op {op!r}; known: {', '.join(_AUTOSELECT_OPS)}")
     from .autoselect import autoselect_report as report

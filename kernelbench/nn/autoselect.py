@@ -1,18 +1,25 @@
 """Per-shape choice between kernelbench's Triton kernels and PyTorch, measured once, cached on disk.
 
-``RMSNorm(..., impl="auto")`` and ``apply_rotary(..., impl="auto")`` call :func:`choose_impl`
-with their module's ``AUTOSELECT`` :class:`Candidates` (this module imports neither). The first
-time a (op, shape, dtype, mode, variant) is seen on a GPU, each implementation runs a few times
-(CUDA events, interleaved, median of ``REPS``) and the faster is kept, in memory and in a JSON
-file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default ``~/.cache/kernelbench/autoselect.json``)
-keyed also by GPU name and torch / triton versions, so another process reads the answer instead
-of measuring again. Without CUDA nothing is timed: the answer is "torch" ("no CUDA: timings not
-measured"). Without Triton the answer is "torch", with one log line. A call being traced by
-torch.compile measures nothing and reads no file: see :func:`compiled_choice`.
+``RMSNorm(..., impl="auto")``, ``apply_rotary(..., impl="auto")`` and ``silu_mul(..., impl="auto")``
+call :func:`choose_impl` with their module's ``AUTOSELECT`` :class:`Candidates` (this module
+imports none of them). The first time a (op, shape, dtype, mode, variant) is seen on a GPU, each
+implementation runs a few times (CUDA events, interleaved, median of ``REPS``) and the faster is
+kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, default
+``~/.cache/kernelbench/autoselect.json``) keyed also by GPU name and torch / triton versions, so
+another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
+answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
+one log line. A call being traced by torch.compile measures nothing and reads no file: see
+:func:`compiled_choice`.
 
-``kernelbench.nn.autoselect_report`` (:func:`autoselect_report` for an op named "rmsnorm" or
-"rotary") is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype bf16`` prints:
-each implementation's time and the choice.
+What is timed is the call on its own, so where launching a call takes the host longer than its
+kernels take the GPU, the host's time decides, as it does in a host-bound training step; inside a
+step whose matrix products keep the GPU busy the host's time is hidden and only the kernels'
+counts, so there the choice can be the slower path (RMSNorm: torch's at every shape of the model
+grid, 2-4% of the eager step lost on its device-bound rows; results/2026-11-28-2xh200-host-bound-floor).
+
+``kernelbench.nn.autoselect_report`` (:func:`autoselect_report` for an op named "rmsnorm",
+"rotary" or "swiglu") is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype bf16``
+prints: each implementation's time and the choice.
 """
 
 from __future__ import annotations
@@ -223,7 +230,7 @@ def _decide(candidates, shape, dtype, device, mode, variant, timer) -> dict:
     global _warned_no_triton
     blocker = _triton_blocker(candidates, shape)
     if blocker == "triton not installed" and not _warned_no_triton:
-        log.info("triton not installed; RMSNorm and rotary use PyTorch")
+        log.info("triton not installed; RMSNorm, rotary and SwiGLU use PyTorch")
         _warned_no_triton = True
     if blocker is not None:
         return {"times_ms": {impl: None for impl in IMPLEMENTATIONS}, "choice": "torch",
@@ -274,6 +281,11 @@ def choose_impl(
                                    device=device_name)["choice"]
         _choices[key] = choice
     return choice
+
+
+def choices_made() -> dict[tuple, str]:
+    """This process's answers so far: {(op, shape, dtype, device, mode, variant): "triton" or "torch"}."""
+    return dict(_choices)
 
 
 @torch.compiler.assume_constant_result

@@ -211,6 +211,12 @@ class LlamaStepCase:
             raise ValueError(f"llama-step: compile {spec.compile!r}; accepted: {', '.join(COMPILE_MODES)}")
         self._cudagraphs = spec.compile == "cudagraphs"
         if spec.compile != "eager":
+            if spec.impl == "auto" and device == "cuda":
+                # impl="auto" measures each layer's shapes on an eager call; the trace then reads
+                # those choices (kernelbench.nn.autoselect.compiled_choice).
+                self.set_step(0)
+                self._loss_and_logits(self.inputs, self.targets)[0].backward()
+                self.model.zero_grad(set_to_none=True)
             options = {"static_launch_user_defined_triton_kernels": True} if spec.static_launch else None
             self.step = compile_step(self._loss_and_logits, device,
                                      mode="reduce-overhead" if self._cudagraphs else None, options=options)
@@ -371,9 +377,17 @@ def kernelbench_eager():
 
 @llama_step.candidate("kernelbench-eager+auto", requires=Requires(triton=True))
 def kernelbench_eager_auto():
-    """kernelbench layers eager with impl="auto": RMSNorm and rotary each take the faster of Triton and
-    torch at this model's shapes (measured once, cached), launch time included."""
+    """kernelbench layers eager with impl="auto" (the layers' default): RMSNorm, rotary and the SwiGLU
+    activation each take the faster of Triton and torch at this model's shapes (measured once,
+    cached), launch time included."""
     return StepSpec("kernelbench", impl="auto")
+
+
+@llama_step.candidate("kernelbench-compile+auto", requires=Requires(triton=True))
+def kernelbench_compile_auto():
+    """kernelbench layers with impl="auto" compiled: the choices an eager step measured at this
+    model's shapes are constants of the graph."""
+    return StepSpec("kernelbench", compile="compile", impl="auto")
 
 
 @llama_step.candidate("kernelbench-compile", requires=Requires(triton=True))

@@ -102,6 +102,25 @@ def test_autoselect_measures_on_cuda(tmp_path, monkeypatch):
     clear_memory_cache()
 
 
+@pytest.mark.parametrize("shape", [(8, 512, 768), (4, 2048, 8192)], ids=["launch-bound", "bandwidth-bound"])
+def test_silu_mul_auto_takes_the_measured_choice(tmp_path, monkeypatch, shape):
+    monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))
+    from kernelbench.nn import autoselect_report, silu_mul
+    from kernelbench.nn.autoselect import clear_memory_cache
+
+    clear_memory_cache()
+    report = autoselect_report("swiglu", shape, torch.bfloat16)
+    print(report)
+    assert report["source"] == "measured" and all(ms > 0 for ms in report["times_ms"].values())
+    gate, up = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    got = silu_mul(gate, up)
+    want = silu_mul(gate.detach(), up.detach(), impl=report["choice"])
+    assert torch.equal(got, want)
+    if shape[-1] * shape[0] * shape[1] >= 2**26:  # 128 MB a tensor: one fused pass beats three
+        assert report["choice"] == "triton", report
+    clear_memory_cache()
+
+
 @pytest.mark.parametrize("fwd_cfg, bwd_cfg", [
     (None, None),
     (FwdConfig(2, 4096, True, 16), BwdConfig("rows", 2, 4096, 16, programs_per_sm=2)),

@@ -82,8 +82,10 @@ def rms_norm(
         or (residual is not None and residual.requires_grad))
     unsafe = None if compiling else foreign(x, weight, residual)
     if impl == "auto":
+        # With a residual the call is timed as made: one fused op against torch's add + norm.
         impl = "torch" if x.shape[-1] > MAX_N or unsafe else choose_impl(
-            AUTOSELECT, tuple(x.shape), x.dtype, x.device, requires_grad=needs_grad)
+            AUTOSELECT, tuple(x.shape), x.dtype, x.device, requires_grad=needs_grad,
+            variant=RESIDUAL_VARIANT if residual is not None else "")
     if impl == "torch":
         return _torch_rms_norm(x, weight, eps, residual)
     if compiling:
@@ -168,23 +170,35 @@ class RMSNorm(torch.nn.Module):
 # ------------------------------------------------------------------------------------------------
 # What impl="auto" times
 # ------------------------------------------------------------------------------------------------
+RESIDUAL_VARIANT = "residual"  # rms_norm(x, weight, eps, residual=...): (norm(x + residual), x + residual)
+
+
 def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
                         variant: str) -> dict[str, Callable[[], None]]:
+    if variant not in ("", RESIDUAL_VARIANT):
+        raise ValueError(f"autoselect: rmsnorm variant {variant!r}; accepted: '' or {RESIDUAL_VARIANT!r}")
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    def rows() -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    x = rows()
+    residual = rows() if variant == RESIDUAL_VARIANT else None
     w = (1 + 0.1 * torch.randn(shape[-1], generator=gen, device=device)).to(dtype)
     backward = mode == "fwd+bwd"
+    leaves = [t for t in (x, w, residual) if t is not None]
     if backward:
-        x.requires_grad_(True)
-        w.requires_grad_(True)
-        dy = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        for t in leaves:
+            t.requires_grad_(True)
+        grads = (rows(),) if residual is None else (rows(), rows())
 
     def runner(impl: str) -> Callable[[], None]:
         def run() -> None:
-            y = rms_norm(x, w, 1e-6, impl=impl)
+            out = rms_norm(x, w, 1e-6, residual=residual, impl=impl)
             if backward:
-                x.grad = w.grad = None
-                y.backward(dy)
+                for t in leaves:
+                    t.grad = None
+                torch.autograd.backward(out if residual is not None else (out,), grads)
 
         return run
 

@@ -7,7 +7,7 @@
 """
 
 from .host import SUPPORTED_DTYPES, SiluMulConfig, default_config
-from .module import IMPLS, silu_mul, silu_mul_ref_fp32, triton_usable
+from .module import AUTOSELECT, IMPLS, silu_mul, silu_mul_ref_fp32, triton_usable
 
-__all__ = ["IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul", "silu_mul_ref_fp32",
-           "triton_usable"]
+__all__ = ["AUTOSELECT", "IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul",
+           "silu_mul_ref_fp32", "triton_usable"]

@@ -10,18 +10,21 @@ configuration, checks, ``forward`` / ``backward``), ``kernels.py`` (the Triton k
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from ...fast_launch import fast_apply
 from .._triton_support import foreign, on_input_device, require_const, runs_here, runs_here_const
 from .._triton_support import why_not_here as triton_usable
+from ..autoselect import IMPLEMENTATIONS, Candidates, choose_impl
 from . import host
 from .function import SiluMulFunction
 from .host import SUPPORTED_DTYPES, SiluMulConfig, check_inputs, default_config
 
-__all__ = ["IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul", "silu_mul_ref_fp32",
-           "triton_usable"]
+__all__ = ["AUTOSELECT", "IMPLS", "SUPPORTED_DTYPES", "SiluMulConfig", "default_config", "silu_mul",
+           "silu_mul_ref_fp32", "triton_usable"]
 
 # Eager calls skip autograd.Function.apply's Python wrapper (host time of small calls).
 _silu_mul_autograd = fast_apply(SiluMulFunction)
@@ -42,9 +45,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     device; math in fp32 (fp64 for fp64), the result rounded once to the input dtype.
 
     ``impl``: "triton" (one fused kernel forward, one backward), "torch"
-    (``F.silu(gate) * up``) or "auto": Triton where it can run (a CUDA tensor with triton
-    installed, or TRITON_INTERPRET=1), else torch; a tensor subclass (DTensor) takes torch's path
-    under "auto" and is an error under "triton". Non-contiguous inputs are copied first; the
+    (``F.silu(gate) * up``) or "auto": on a CUDA tensor the faster of the two for this shape and
+    dtype (measured once and cached on disk, see kernelbench.nn.autoselect: where the host's
+    launch time decides, torch's two ATen calls can beat one Python autograd call), Triton in
+    the interpreter (TRITON_INTERPRET=1), else torch; a tensor subclass (DTensor) takes torch's
+    path under "auto" and is an error under "triton". Non-contiguous inputs are copied first; the
     result is contiguous. Under ``torch.compile`` the Triton path is the custom ops
     ``kernelbench::silu_mul_fwd`` / ``silu_mul_bwd`` (no graph break, forward or backward).
     """
@@ -58,6 +63,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
     if impl == "auto":
         usable = runs_here_const(gate.is_cuda) if compiling else runs_here(gate) and not unsafe
         impl = "triton" if usable else "torch"
+        if usable and gate.is_cuda:  # the interpreter has no timings to choose by
+            needs_grad = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
+            impl = choose_impl(AUTOSELECT, tuple(gate.shape), gate.dtype, gate.device, requires_grad=needs_grad)
     if impl == "torch":
         return F.silu(gate) * up
     if compiling:
@@ -69,3 +77,31 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
         return _silu_mul_autograd(gate, up)
     # No gradient to record: skip autograd.Function's bookkeeping (host time in launch-bound calls).
     return host.forward(gate, up)
+
+
+# ------------------------------------------------------------------------------------------------
+# What impl="auto" times
+# ------------------------------------------------------------------------------------------------
+def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
+                        variant: str) -> dict[str, Callable[[], None]]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    gate, up = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype) for _ in range(2))
+    backward = mode == "fwd+bwd"
+    if backward:
+        gate.requires_grad_(True)
+        up.requires_grad_(True)
+        dy = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    def runner(impl: str) -> Callable[[], None]:
+        def run() -> None:
+            y = silu_mul(gate, up, impl=impl)
+            if backward:
+                gate.grad = up.grad = None
+                y.backward(dy)
+
+        return run
+
+    return {impl: runner(impl) for impl in IMPLEMENTATIONS}
+
+
+AUTOSELECT = Candidates("swiglu", _autoselect_runners)
