@@ -231,3 +231,24 @@ def test_static_launch_candidate_passes_inductor_its_option(monkeypatch):
     compile_step(len, "cpu", options=option)  # aot_eager takes no Inductor options
     assert calls[0] == {"fullgraph": True, "backend": "inductor", "options": option}
     assert calls[1] == {"fullgraph": True, "backend": "aot_eager"}
+
+
+def test_compiled_auto_candidate_measures_its_shapes_eagerly_before_compiling(monkeypatch):
+    from kernelbench.nn.autoselect import choices_made, clear_memory_cache
+    from kernelbench.ops import llama_step
+
+    op = get_op("llama-step")
+    spec = op.get_candidate("kernelbench-compile+auto").build()
+    assert (spec.impl, spec.compile) == ("auto", "compile")
+    assert op.anchor_for("kernelbench-compile+auto") == "torch-compile"
+    clear_memory_cache()
+    seen: list[set] = []
+
+    def compile_step(step, device, **kwargs):
+        seen.append({key[0] for key in choices_made()})
+        return step
+
+    monkeypatch.setattr(llama_step, "compile_step", compile_step)
+    llama_step.LlamaStepCase(spec, op.workloads["llama-tiny"], "cpu", "fwd+bwd")
+    clear_memory_cache()
+    assert seen == [{"rmsnorm", "rotary"}]  # the eager step chose before the trace (on the CPU: torch)

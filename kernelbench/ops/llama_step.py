@@ -211,7 +211,7 @@ class LlamaStepCase:
             raise ValueError(f"llama-step: compile {spec.compile!r}; accepted: {', '.join(COMPILE_MODES)}")
         self._cudagraphs = spec.compile == "cudagraphs"
         if spec.compile != "eager":
-            if spec.impl == "auto" and device == "cuda":
+            if spec.impl == "auto":
                 # impl="auto" measures each layer's shapes on an eager call; the trace then reads
                 # those choices (kernelbench.nn.autoselect.compiled_choice).
                 self.set_step(0)
