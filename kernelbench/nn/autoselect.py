@@ -15,7 +15,7 @@ What is timed is the call on its own, so where launching a call takes the host l
 kernels take the GPU, the host's time decides, as it does in a host-bound training step; inside a
 step whose matrix products keep the GPU busy the host's time is hidden and only the kernels'
 counts, so there the choice can be the slower path (RMSNorm: torch's at every shape of the model
-grid, 2-4% of the eager step lost on its device-bound rows; results/2026-11-28-2xh200-host-bound-floor).
+grid, 1-4% of the eager step lost on its device-bound rows; results/2026-11-28-2xh200-host-bound-floor).
 
 ``kernelbench.nn.autoselect_report`` (:func:`autoselect_report` for an op named "rmsnorm",
 "rotary" or "swiglu") is what ``kernelbench autoselect rmsnorm --shape 16x2048x4096 --dtype bf16``

@@ -51,12 +51,17 @@ def logged():
         logger.removeHandler(handler)
 
 
-def compile_and_step(records: list[logging.LogRecord]) -> tuple[list[str], torch.Tensor]:
+def compile_and_step(records: list[logging.LogRecord], impl: str = "triton") -> tuple[list[str], torch.Tensor]:
     """The model's loss under Inductor (fullgraph, dynamic), two fwd+bwd steps of different
-    sequence lengths; what was warned about kernelbench, and the last loss."""
+    sequence lengths; what was warned about kernelbench, and the last loss. With impl="auto" an
+    eager step first, as a user's first step: the layers choose at its shapes, the trace reads
+    the choices."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = Llama(TINY, "kernelbench", impl="triton").to("cuda")
+    model = Llama(TINY, "kernelbench", impl=impl).to("cuda")
+    if impl == "auto":
+        tokens = torch.randint(0, TINY.vocab_size, (2, 34), device="cuda")
+        model.loss(tokens[:, :-1], tokens[:, 1:]).backward()
     step = torch.compile(model.loss, backend="inductor", fullgraph=True, dynamic=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -110,3 +115,18 @@ def test_inductor_compiles_kernelbench_layers_cleanly_and_analyses_every_kernel(
     # The four layer kinds of the model all launch Triton kernels.
     modules = {module.split(".")[2] for _, module, *_ in ours}
     assert {"rmsnorm", "rotary", "swiglu", "crossentropy"} <= modules, modules
+
+
+def test_the_layers_default_impl_compiles_whole_without_warnings(logged, tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    from kernelbench.nn.autoselect import clear_memory_cache
+
+    monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))
+    clear_memory_cache()
+    counters.clear()
+    found, loss = compile_and_step(logged, impl="auto")
+    clear_memory_cache()
+    assert not found, "\n".join(found)
+    assert torch.isfinite(loss)
+    assert not counters["graph_break"], dict(counters["graph_break"])
