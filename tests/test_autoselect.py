@@ -154,6 +154,8 @@ def test_bad_arguments(cache_dir):
         autoselect_report("layernorm", (2, 4), torch.float32)
     with pytest.raises(ValueError, match=r"rotary shape is \(B, Hq, Hk, S, D, rotary_dim\)"):
         autoselect_report("rotary", (2, 4), torch.float32)
+    with pytest.raises(ValueError, match="swiglu has no variants, got 'half'"):
+        autoselect_report("swiglu", (2, 4), torch.float32, variant="half", timer=FakeTimer({"triton": 1, "torch": 2}))
     with pytest.raises(ValueError, match="unknown mode"):
         autoselect_report("rmsnorm", (2, 4), torch.float32, mode="bwd")
 

@@ -84,6 +84,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
 # ------------------------------------------------------------------------------------------------
 def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
                         variant: str) -> dict[str, Callable[[], None]]:
+    if variant:
+        raise ValueError(f"autoselect: swiglu has no variants, got {variant!r}")
     gen = torch.Generator(device=device).manual_seed(0)
     gate, up = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype) for _ in range(2))
     backward = mode == "fwd+bwd"
