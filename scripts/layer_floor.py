@@ -28,8 +28,11 @@ import time
 
 import torch
 
-from kernelbench.models.grid import model_config, parse_tokens
+from kernelbench.models.grid import GRID, model_config, parse_tokens
 from kernelbench.models.llama import Llama
+from kernelbench.nn import autoselect_report
+from kernelbench.nn.autoselect import choices_made
+from kernelbench.ops.llama_step import STATIC_LAUNCH_OPTIONS
 from kernelbench.ops.model_step import compile_step
 
 from common import emit, require_cuda
@@ -82,7 +85,7 @@ def build(config, layers: str, impl: str, overrides: dict, mode: str, static: bo
     if mode == "compile":
         if impl == "auto":
             loss_and_logits(inputs, targets)[0].backward()  # impl="auto" measures its shapes eagerly
-        options = {"static_launch_user_defined_triton_kernels": True} if static else None
+        options = STATIC_LAUNCH_OPTIONS if static else None
         forward = compile_step(loss_and_logits, "cuda", options=options)
 
     def step():
@@ -106,12 +109,12 @@ def main() -> None:
     parser.add_argument("--slots", choices=("none", "eager", "all"), default="eager",
                         help="the one-slot-free variants: none, eager only, or eager and compiled")
     args = parser.parse_args()
-    device = require_cuda("layer_floor")
-    from kernelbench.models.grid import GRID
-
     row = next((r for r in GRID if r.name == args.model), None)
+    if row is None and args.tokens is None:
+        parser.error(f"--model {args.model}: a model outside the grid needs --tokens BxS")
     config = model_config(args.model)
     batch, seq = parse_tokens(args.tokens) if args.tokens else (row.batch, row.seq)
+    device = require_cuda("layer_floor")
     gen = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen, device=device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -122,9 +125,6 @@ def main() -> None:
         steps[(mode, name)] = build(config, layers, impl, overrides, mode, name.endswith("static-launch"),
                                     inputs, targets)
         print(f"built {mode:8s} {name:28s} {time.perf_counter() - t0:6.1f} s", flush=True)
-
-    from kernelbench.nn import autoselect_report
-    from kernelbench.nn.autoselect import choices_made
 
     for (op, shape, dtype, _device, mode, variant), choice in choices_made().items():
         times = autoselect_report(op, shape, dtype, mode=mode, variant=variant)["times_ms"]

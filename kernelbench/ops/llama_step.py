@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 MODES = ("fwd+bwd", "train")
 LR = 1e-4
 COMPILE_MODES = ("eager", "compile", "cudagraphs")
+# Inductor's option to launch user-defined Triton kernels (ours) through its static launcher.
+STATIC_LAUNCH_OPTIONS = {"static_launch_user_defined_triton_kernels": True}
 # Spelled as the CLI and reports name a workload written on the command line: MODEL@BxS[:dtype].
 _AT, _DTYPE_SEP = "@", ":"
 WORKLOAD_FORM = f"MODEL@BxS[:dtype]: MODEL a grid name or {SPEC_FORM}, e.g. llama-7m@2x512 (run's --model / --tokens)"
@@ -217,7 +219,7 @@ class LlamaStepCase:
                 self.set_step(0)
                 self._loss_and_logits(self.inputs, self.targets)[0].backward()
                 self.model.zero_grad(set_to_none=True)
-            options = {"static_launch_user_defined_triton_kernels": True} if spec.static_launch else None
+            options = STATIC_LAUNCH_OPTIONS if spec.static_launch else None
             self.step = compile_step(self._loss_and_logits, device,
                                      mode="reduce-overhead" if self._cudagraphs else None, options=options)
         self.optimizer = _build_optimizer(spec.optimizer, self.model, device) if mode == "train" else None
