@@ -64,6 +64,23 @@ def test_fused_head_loss_matches_the_head_then_the_loss_fp64():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
+def test_fused_head_loss_auto_fuses_where_the_logits_are_many(monkeypatch):
+    """"auto" fuses a batch of at least FUSE_MIN_LOGITS logits (rows x vocabulary) and keeps the
+    plain head below it; the threshold is lowered to the tiny model's scale."""
+    from kernelbench.nn.linear_crossentropy import host
+
+    cfg = CONFIGS["llama-tiny"]
+    model = Llama(cfg, "kernelbench", impl="torch", fused_head_loss="auto")
+    monkeypatch.setattr(host, "FUSE_MIN_LOGITS", 20 * cfg.vocab_size)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    _, logits_short = model.head_loss(model.hidden_states(tokens[:, :9]), tokens[:, 1:10])  # 18 rows
+    _, logits_long = model.head_loss(model.hidden_states(tokens[:, :-1]), tokens[:, 1:])  # 20 rows
+    assert logits_short is not None and logits_long is None
+    assert (model.fuses_head_loss(19), model.fuses_head_loss(20)) == (False, True)
+    with pytest.raises(ValueError, match="fused_head_loss: True, False or 'auto', got 'yes'"):
+        Llama(cfg, "kernelbench", fused_head_loss="yes")
+
+
 @pytest.mark.parametrize("layers, overrides", [("torch", None), ("kernelbench", {"loss": lambda logits, t: 0})])
 def test_fused_head_loss_needs_kernelbench_loss(layers, overrides):
     with pytest.raises(ValueError, match="fused_head_loss.*layers='kernelbench'"):

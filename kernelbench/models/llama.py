@@ -218,15 +218,18 @@ class Llama(nn.Module):
     """``forward(tokens)`` -> logits (B, S, vocab); ``loss(tokens, targets)`` -> mean cross-entropy."""
 
     def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str = "auto",
-                 overrides: Mapping[str, Callable] | None = None, fused_head_loss: bool = False) -> None:
+                 overrides: Mapping[str, Callable] | None = None, fused_head_loss: bool | str = False) -> None:
         super().__init__()
+        if fused_head_loss not in (True, False, "auto"):
+            raise ValueError(f"fused_head_loss: True, False or 'auto', got {fused_head_loss!r}")
         if fused_head_loss and (layers != "kernelbench" or "loss" in (overrides or {})):
             raise ValueError("fused_head_loss: kernelbench's fused linear + cross-entropy replaces the output head "
                              "and kernelbench's loss; it needs layers='kernelbench' and no 'loss' override, got "
                              f"layers={layers!r}")
         self.config = config
         self.layer_set = LayerSet(layers, impl, overrides)
-        # The output head and the loss as one op, chunk by chunk, never holding the logits.
+        # The output head and the loss as one op, chunk by chunk, never holding the logits; "auto":
+        # where the batch's logits are many enough for that to pay (linear_crossentropy.fusing_pays).
         self.fused_head_loss = fused_head_loss
         self.model = _Body(config, self.layer_set)
         self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
@@ -272,13 +275,21 @@ class Llama(nn.Module):
 
     def head_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(mean cross-entropy, logits) of the final hidden states: the one place the output head
-        and the loss meet. With ``fused_head_loss`` the logits are never materialised (None)."""
-        if self.fused_head_loss:
+        and the loss meet. Where the head and loss are fused the logits are never materialised (None)."""
+        if self.fuses_head_loss(hidden.numel() // hidden.shape[-1]):
             from kernelbench.nn import linear_cross_entropy
 
             return linear_cross_entropy(hidden, self.lm_head.weight, targets), None
         logits = self.lm_head(hidden)
         return self.layer_set.loss(logits, targets), logits
+
+    def fuses_head_loss(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` tokens takes the fused head and loss."""
+        if self.fused_head_loss == "auto":
+            from kernelbench.nn.linear_crossentropy import fusing_pays
+
+            return fusing_pays(rows, self.config.vocab_size)
+        return self.fused_head_loss
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.head_loss(self.hidden_states(tokens), targets)[0]

@@ -56,7 +56,7 @@ class StepSpec:
     compile: str = "eager"
     optimizer: str = "torch-adamw"
     impl: str = "triton"
-    fused_head_loss: bool = False  # lm_head + loss as kernelbench.nn.linear_cross_entropy
+    fused_head_loss: bool | str = False  # lm_head + loss as kernelbench.nn.linear_cross_entropy (or "auto")
     # Inductor launches our Triton kernels through its static launcher, as it launches its own
     # (torch.compile's options; Inductor's default runs user kernels through Triton's launcher).
     static_launch: bool = False
@@ -214,10 +214,13 @@ class LlamaStepCase:
         self._cudagraphs = spec.compile == "cudagraphs"
         if spec.compile != "eager":
             if spec.impl == "auto":
-                # impl="auto" measures each layer's shapes on an eager call; the trace then reads
-                # those choices (kernelbench.nn.autoselect.compiled_choice).
+                # impl="auto" measures each layer's shapes, compiled alone, on an eager call; the
+                # trace then reads those choices (kernelbench.nn.autoselect.compiled_choice).
+                from kernelbench.nn.autoselect import for_compile
+
                 self.set_step(0)
-                self._loss_and_logits(self.inputs, self.targets)[0].backward()
+                with for_compile():
+                    self._loss_and_logits(self.inputs, self.targets)[0].backward()
                 self.model.zero_grad(set_to_none=True)
             options = STATIC_LAUNCH_OPTIONS if spec.static_launch else None
             self.step = compile_step(self._loss_and_logits, device,
@@ -379,17 +382,18 @@ def kernelbench_eager():
 
 @llama_step.candidate("kernelbench-eager+auto", requires=Requires(triton=True))
 def kernelbench_eager_auto():
-    """kernelbench layers eager with impl="auto" (the layers' default): RMSNorm, rotary and the SwiGLU
-    activation each take the faster of Triton and torch at this model's shapes (measured once,
-    cached), launch time included."""
-    return StepSpec("kernelbench", impl="auto")
+    """kernelbench layers eager at the library's defaults: impl="auto" (RMSNorm, rotary and the SwiGLU
+    activation each take the faster of Triton and torch at this model's shapes, measured once,
+    cached, launch time included) and the output head and loss fused where the logits are many
+    (fused_head_loss="auto")."""
+    return StepSpec("kernelbench", impl="auto", fused_head_loss="auto")
 
 
 @llama_step.candidate("kernelbench-compile+auto", requires=Requires(triton=True))
 def kernelbench_compile_auto():
-    """kernelbench layers with impl="auto" compiled: the choices an eager step measured at this
-    model's shapes are constants of the graph."""
-    return StepSpec("kernelbench", compile="compile", impl="auto")
+    """kernelbench layers compiled at the library's defaults: impl="auto", whose choices an eager step
+    measured at this model's shapes are constants of the graph, and fused_head_loss="auto"."""
+    return StepSpec("kernelbench", compile="compile", impl="auto", fused_head_loss="auto")
 
 
 @llama_step.candidate("kernelbench-compile", requires=Requires(triton=True))

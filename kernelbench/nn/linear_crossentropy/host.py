@@ -19,8 +19,8 @@ import torch
 from ..crossentropy import host as xent_host
 from ..crossentropy.host import as_rows, as_targets
 
-__all__ = ["LOGITS_BUDGET_BYTES", "MIN_CHUNK_ROWS", "REDUCTIONS", "SUPPORTED_DTYPES", "as_rows", "as_targets",
-           "backward", "check_inputs", "forward", "plan_chunk_rows"]
+__all__ = ["FUSE_MIN_LOGITS", "LOGITS_BUDGET_BYTES", "MIN_CHUNK_ROWS", "REDUCTIONS", "SUPPORTED_DTYPES", "as_rows",
+           "as_targets", "backward", "check_inputs", "forward", "fusing_pays", "plan_chunk_rows"]
 
 # fp64 (computed in fp64, as cross-entropy does) is for gradcheck.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -34,6 +34,17 @@ LOGITS_BUDGET_BYTES = 512 << 20
 MIN_CHUNK_ROWS = 2048
 # Chunk sizes are multiples of this, so each GEMM's M dimension splits into whole tiles.
 _ROW_MULTIPLE = 128
+# Fusing the head and the loss pays from this many logits (rows x vocabulary; 1 GiB as the fp32
+# logits the plain loss upcasts to): below it the chunks' Python-launched ops cost the step more
+# host time than the logits' traffic costs the GPU (llama-7m, 4096 x 32000: 1.07-1.20x of the plain
+# loss compiled), above it the fused op is faster and its peak far lower (results/2026-11-27-4xh200-model-grid).
+FUSE_MIN_LOGITS = 1 << 28
+
+
+def fusing_pays(rows: int, vocab: int) -> bool:
+    """Whether a model's ``fused_head_loss="auto"`` fuses the head and loss of ``rows`` tokens over
+    ``vocab`` classes (at least FUSE_MIN_LOGITS logits)."""
+    return rows * vocab >= FUSE_MIN_LOGITS
 
 
 def plan_chunk_rows(n: int, v: int, element_size: int, chunk_rows: int | None = None) -> int:
