@@ -31,7 +31,7 @@ import torch
 from kernelbench.models.grid import GRID, model_config, parse_tokens
 from kernelbench.models.llama import Llama
 from kernelbench.nn import autoselect_report
-from kernelbench.nn.autoselect import choices_made, for_compile
+from kernelbench.nn.autoselect import choices_made
 from kernelbench.ops.llama_step import STATIC_LAUNCH_OPTIONS
 from kernelbench.ops.model_step import compile_step
 
@@ -84,8 +84,7 @@ def build(config, layers: str, impl: str, overrides: dict, mode: str, static: bo
     forward = loss_and_logits
     if mode == "compile":
         if impl == "auto":
-            with for_compile():  # impl="auto" measures its shapes, each layer compiled alone
-                loss_and_logits(inputs, targets)[0].backward()
+            loss_and_logits(inputs, targets)[0].backward()  # impl="auto" measures its shapes eagerly
         options = STATIC_LAUNCH_OPTIONS if static else None
         forward = compile_step(loss_and_logits, "cuda", options=options)
 
@@ -127,12 +126,12 @@ def main() -> None:
                                     inputs, targets)
         print(f"built {mode:8s} {name:28s} {time.perf_counter() - t0:6.1f} s", flush=True)
 
-    for (op, shape, dtype, _device, mode, variant, context), choice in choices_made().items():
-        times = autoselect_report(op, shape, dtype, mode=mode, variant=variant, context=context)["times_ms"]
-        print(f"impl='auto' chose {choice} for {op} {variant} {'x'.join(map(str, shape))} {mode} {context} "
+    for (op, shape, dtype, _device, mode, variant), choice in choices_made().items():
+        times = autoselect_report(op, shape, dtype, mode=mode, variant=variant)["times_ms"]
+        print(f"impl='auto' chose {choice} for {op} {variant} {'x'.join(map(str, shape))} {mode} "
               f"(ms: {', '.join(f'{k} {v:.4f}' for k, v in times.items() if v is not None)})")
-        emit(model=args.model, autoselect_op=op, variant=variant, shape=list(shape), mode=mode, context=context,
-             choice=choice, times_ms=times)
+        emit(model=args.model, autoselect_op=op, variant=variant, shape=list(shape), mode=mode, choice=choice,
+             times_ms=times)
 
     elapsed: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
     enqueue: dict[tuple[str, str], list[float]] = {key: [] for key in steps}

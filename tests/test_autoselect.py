@@ -149,50 +149,6 @@ def test_rmsnorm_with_a_residual_asks_for_the_residual_variant(cache_dir, monkey
     assert torch.equal(h, x + r)
 
 
-def test_for_compile_times_the_compiled_context_and_the_trace_prefers_it(cache_dir):
-    from kernelbench.nn.autoselect import choices_made, compiled_choice, for_compile
-
-    eager = FakeTimer({"triton": 1.0, "torch": 2.0})
-    autoselect_report("rmsnorm", (3, 40), torch.float32, timer=eager)
-    assert compiled_choice("rmsnorm", torch.float32, "cpu", "fwd+bwd", "") == "torch"  # no call yet, no CUDA
-    assert choose_impl(AUTOSELECT, (3, 40), torch.float32, "cpu", requires_grad=True) == "triton"
-    assert compiled_choice("rmsnorm", torch.float32, "cpu", "fwd+bwd", "") == "triton"
-
-    compiled = autoselect_report("rmsnorm", (3, 40), torch.float32, context="compiled",
-                                 timer=FakeTimer({"triton": 2.0, "torch": 1.0}))
-    assert compiled["key"].startswith("rmsnorm|-|3x40|float32|fwd+bwd compiled|cpu|")
-    assert compiled["choice"] == "torch" and compiled["reason"].endswith("each compiled")
-    with for_compile():
-        assert choose_impl(AUTOSELECT, (3, 40), torch.float32, "cpu", requires_grad=True) == "torch"
-    assert choose_impl(AUTOSELECT, (3, 40), torch.float32, "cpu", requires_grad=True) == "triton"  # eager again
-    assert {key[-1] for key in choices_made()} == {"eager", "compiled"}
-    # The trace takes the compiled context's answer over the eager one's.
-    assert compiled_choice("rmsnorm", torch.float32, "cpu", "fwd+bwd", "") == "torch"
-    assert len(json.loads(cache_path().read_text())) == 2
-    with pytest.raises(ValueError, match="unknown context 'graph'; known: eager, compiled"):
-        autoselect_report("rmsnorm", (3, 40), torch.float32, context="graph", timer=eager)
-
-
-@pytest.mark.parametrize("op, shape, variant", [
-    ("rmsnorm", (2, 3, 40), "residual"), ("rotary", (1, 2, 1, 8, 16, 16), "half-bhsd"), ("swiglu", (2, 3, 40), ""),
-])
-def test_compiled_context_runs_each_implementation_compiled_whole(cache_dir, monkeypatch, op, shape, variant):
-    """Each runner goes through torch.compile(fullgraph=True) (aot_eager here: no graph break is
-    allowed), each with a code object of its own, forward and backward."""
-    real_compile, compiled_codes = torch.compile, []
-
-    def compile_on_cpu(fn, **kwargs):
-        compiled_codes.append(fn.__code__)
-        assert kwargs == {"fullgraph": True, "dynamic": False}
-        return real_compile(fn, backend="aot_eager", **kwargs)
-
-    monkeypatch.setattr(torch, "compile", compile_on_cpu)
-    timer = RunningTimer({"triton": 1.0, "torch": 2.0})
-    report = autoselect_report(op, shape, torch.float32, variant=variant, context="compiled", timer=timer)
-    assert sorted(timer.ran) == ["torch", "triton"] and report["choice"] == "triton"
-    assert len(compiled_codes) == 2 and compiled_codes[0] is not compiled_codes[1]
-
-
 def test_bad_arguments(cache_dir):
     with pytest.raises(ValueError, match="unknown op 'layernorm'"):
         autoselect_report("layernorm", (2, 4), torch.float32)

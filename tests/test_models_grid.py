@@ -245,11 +245,10 @@ def test_compiled_auto_candidate_measures_its_shapes_eagerly_before_compiling(mo
     seen: list[set] = []
 
     def compile_step(step, device, **kwargs):
-        seen.append({(key[0], key[-1]) for key in choices_made()})
+        seen.append({key[0] for key in choices_made()})
         return step
 
     monkeypatch.setattr(llama_step, "compile_step", compile_step)
     llama_step.LlamaStepCase(spec, op.workloads["llama-tiny"], "cpu", "fwd+bwd")
     clear_memory_cache()
-    # The eager step chose, for a compiled model, before the trace (on the CPU: torch).
-    assert seen == [{("rmsnorm", "compiled"), ("rotary", "compiled")}]
+    assert seen == [{"rmsnorm", "rotary"}]  # the eager step chose before the trace (on the CPU: torch)

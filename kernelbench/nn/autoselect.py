@@ -11,11 +11,6 @@ answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer i
 one log line. A call being traced by torch.compile measures nothing and reads no file: see
 :func:`compiled_choice`.
 
-A model to be compiled runs one eager step under :func:`for_compile` first: each shape is then timed
-as torch.compile runs it (each implementation compiled alone, forward and backward), and the trace
-reads those choices. Inductor fuses PyTorch's layers into its own kernels, so the faster of the two
-can differ from the eager choice.
-
 What is timed is the call on its own, so where launching a call takes the host longer than its
 kernels take the GPU, the host's time decides, as it does in a host-bound training step; inside a
 step whose matrix products keep the GPU busy the host's time is hidden and only the kernels'
@@ -29,7 +24,6 @@ prints: each implementation's time and the choice.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import json
@@ -37,8 +31,7 @@ import logging
 import math
 import os
 import tempfile
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +44,6 @@ log = logging.getLogger("kernelbench.nn")
 CACHE_ENV = "KERNELBENCH_CACHE_DIR"
 CACHE_FILE = "autoselect.json"
 MODES = ("fwd", "fwd+bwd")
-# How the timed call runs: as called (eager), or each implementation under torch.compile.
-CONTEXTS = ("eager", "compiled")
 IMPLEMENTATIONS = ("triton", "torch")
 WARMUP, REPS = 3, 10
 
@@ -90,12 +81,10 @@ def _device_name(device: str) -> str:
     return dev.type
 
 
-def cache_key(op: str, shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str = "",
-              context: str = "eager") -> str:
+def cache_key(op: str, shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str = "") -> str:
     dims = "x".join(str(int(d)) for d in shape)
-    timed = mode if context == "eager" else f"{mode} {context}"
     return "|".join([
-        op, variant or "-", dims, str(dtype).removeprefix("torch."), timed, _device_name(device),
+        op, variant or "-", dims, str(dtype).removeprefix("torch."), mode, _device_name(device),
         f"torch {torch.__version__}", f"triton {_triton_version() or 'none'}",
     ])
 
@@ -103,7 +92,7 @@ def cache_key(op: str, shape: tuple, dtype: torch.dtype, device: str, mode: str,
 # ------------------------------------------------------------------------------------------------
 # What is timed: each op's module passes its own candidates (this module imports none of them)
 # ------------------------------------------------------------------------------------------------
-Runners = Callable[[tuple, torch.dtype, str, str, str, Callable[[Callable], Callable]], dict[str, Callable[[], None]]]
+Runners = Callable[[tuple, torch.dtype, str, str, str], dict[str, Callable[[], None]]]
 
 
 def _no_blocker(shape: tuple) -> str | None:
@@ -118,9 +107,8 @@ def _any_shape(shape: tuple) -> None:
 class Candidates:
     """The implementations of one op that auto-selection times.
 
-    ``runners(shape, dtype, device, mode, variant, wrap)`` returns {implementation: a call to time},
-    one per name of ``IMPLEMENTATIONS``, each calling its op through ``wrap(fn)`` (``fn`` a function
-    of the op's inputs; the gradients' backward outside it); ``blocker(shape)`` says why Triton cannot take a shape
+    ``runners(shape, dtype, device, mode, variant)`` returns {implementation: a call to time},
+    one per name of ``IMPLEMENTATIONS``; ``blocker(shape)`` says why Triton cannot take a shape
     (None when it can); ``check_shape(shape)`` raises ValueError on a shape the op cannot mean."""
 
     op: str
@@ -134,22 +122,6 @@ def _triton_blocker(candidates: Candidates, shape: tuple) -> str | None:
     if _triton_version() is None:
         return "triton not installed"
     return candidates.blocker(shape) if shape else None
-
-
-def as_called(fn: Callable) -> Callable:
-    """The eager context's ``wrap``: the op as called."""
-    return fn
-
-
-def compiled_alone(fn: Callable) -> Callable:
-    """The compiled context's ``wrap``: ``fn`` under torch.compile(fullgraph=True), with a code
-    object of its own. Dynamo caches compiled frames, and caps recompilations, per code object;
-    every runner built from one ``def`` would otherwise share that cap."""
-    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    return torch.compile(own, fullgraph=True, dynamic=False)
-
-
-_WRAPS = {"eager": as_called, "compiled": compiled_alone}
 
 
 def cuda_event_timer(runners: dict[str, Callable[[], None]]) -> dict[str, float]:
@@ -214,24 +186,20 @@ def autoselect_report(
     device: str | None = None,
     timer: Timer | None = None,
     refresh: bool = False,
-    context: str = "eager",
 ) -> dict:
     """Measure (or read from the cache) the ``candidates`` of an op for ``shape`` / ``dtype``.
 
     shape and variant as the op's candidates take them (``kernelbench.nn.autoselect_report``
     names them by op). ``timer`` replaces CUDA-event timing
-    (tests). ``refresh`` measures again and overwrites the cached answer. ``context``: "eager"
-    (the call as made) or "compiled" (each implementation compiled alone, as in a compiled model).
+    (tests). ``refresh`` measures again and overwrites the cached answer.
 
-    Returns {"op", "shape", "dtype", "mode", "variant", "context", "device", "key", "times_ms" (impl ->
+    Returns {"op", "shape", "dtype", "mode", "variant", "device", "key", "times_ms" (impl ->
     median ms, or None where not measured), "choice", "reason", "source" ("measured", "memory" or
     "file"), "cache_file"}.
     """
     op = candidates.op
     if mode not in MODES:
         raise ValueError(f"autoselect: unknown mode {mode!r}; known: {', '.join(MODES)}")
-    if context not in CONTEXTS:
-        raise ValueError(f"autoselect: unknown context {context!r}; known: {', '.join(CONTEXTS)}")
     shape = tuple(int(d) for d in shape)
     candidates.check_shape(shape)
     if not shape or any(d <= 0 for d in shape):
@@ -239,10 +207,9 @@ def autoselect_report(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = str(torch.device(device))
-    key = cache_key(op, shape, dtype, device, mode, variant, context)
+    key = cache_key(op, shape, dtype, device, mode, variant)
     base = {"op": op, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "mode": mode,
-            "variant": variant, "context": context, "device": _device_name(device), "key": key,
-            "cache_file": str(cache_path())}
+            "variant": variant, "device": _device_name(device), "key": key, "cache_file": str(cache_path())}
 
     if not refresh:
         if key in _memory:
@@ -252,14 +219,14 @@ def autoselect_report(
             _memory[key] = stored
             return {**base, **stored, "source": "file"}
 
-    entry = _decide(candidates, shape, dtype, device, mode, variant, context, timer)
+    entry = _decide(candidates, shape, dtype, device, mode, variant, timer)
     _memory[key] = entry
     if entry["measured"]:
         _write_entry(key, entry)
     return {**base, **entry, "source": "measured"}
 
 
-def _decide(candidates, shape, dtype, device, mode, variant, context, timer) -> dict:
+def _decide(candidates, shape, dtype, device, mode, variant, timer) -> dict:
     global _warned_no_triton
     blocker = _triton_blocker(candidates, shape)
     if blocker == "triton not installed" and not _warned_no_triton:
@@ -273,34 +240,18 @@ def _decide(candidates, shape, dtype, device, mode, variant, context, timer) -> 
             return {"times_ms": {impl: None for impl in IMPLEMENTATIONS}, "choice": "torch",
                     "reason": "no CUDA: timings not measured", "measured": False}
         timer = cuda_event_timer
-    runners = candidates.runners(shape, dtype, device, mode, variant, _WRAPS[context])
+    runners = candidates.runners(shape, dtype, device, mode, variant)
     times = timer(runners)
     choice = min(times, key=times.get)
     others = ", ".join(f"{name} {ms:.4g} ms" for name, ms in times.items() if name != choice)
-    how = "" if context == "eager" else f", each {context}"
     return {"times_ms": dict(times), "choice": choice,
-            "reason": f"fastest measured: {choice} {times[choice]:.4g} ms (vs {others}), median of {REPS}{how}",
+            "reason": f"fastest measured: {choice} {times[choice]:.4g} ms (vs {others}), median of {REPS}",
             "measured": True}
 
 
-# Answers of this process by (op, shape, dtype, device, mode, variant, context), a tuple of the
-# values themselves, so a repeated eager call costs one dict lookup (no key string, no file).
+# Answers of this process by (op, shape, dtype, device, mode, variant), a tuple of the values
+# themselves, so a repeated eager call costs one dict lookup (no key string, no file).
 _choices: dict[tuple, str] = {}
-_context = "eager"
-
-
-@contextlib.contextmanager
-def for_compile() -> Iterator[None]:
-    """Within it, ``impl="auto"`` times each new shape as a compiled model runs it (each
-    implementation compiled alone, forward and backward) and calls take that choice; a model
-    traced afterwards reads these choices (:func:`compiled_choice`). Run one eager step of the
-    model inside it before compiling the model."""
-    global _context
-    before, _context = _context, "compiled"
-    try:
-        yield
-    finally:
-        _context = before
 
 
 def choose_impl(
@@ -320,37 +271,32 @@ def choose_impl(
     op = candidates.op
     if torch.compiler.is_compiling():
         return compiled_choice(op, dtype, str(device), mode, variant)
-    context = _context
-    key = (op, shape, dtype, device, mode, variant, context)
+    key = (op, shape, dtype, device, mode, variant)
     choice = _choices.get(key)
     if choice is None:
         if math.prod(shape) == 0:
             return "torch"
         device_name = str(torch.device(device))
         choice = autoselect_report(candidates, tuple(shape), dtype, mode=mode, variant=variant,
-                                   device=device_name, context=context)["choice"]
+                                   device=device_name)["choice"]
         _choices[key] = choice
     return choice
 
 
 def choices_made() -> dict[tuple, str]:
-    """This process's answers so far: {(op, shape, dtype, device, mode, variant, context): "triton"
-    or "torch"}."""
+    """This process's answers so far: {(op, shape, dtype, device, mode, variant): "triton" or "torch"}."""
     return dict(_choices)
 
 
 @torch.compiler.assume_constant_result
 def compiled_choice(op: str, dtype: torch.dtype, device: str, mode: str, variant: str) -> str:
     """The choice for a call being traced, made at trace time from constants only (a shape may
-    be symbolic there): what the last call of this process with the same op, dtype, device, mode
-    and variant chose, under :func:`for_compile` if one was, else eagerly; else Triton where it
-    can run. Nothing is measured or read from disk while tracing; run the model once under
-    ``for_compile()`` (or eagerly) to have its shapes measured."""
+    be symbolic there): what the last eager call of this process with the same op, dtype,
+    device, mode and variant chose, else Triton where it can run. Nothing is measured or read
+    from disk while tracing; run the model once eagerly to have its shapes measured."""
     dev = torch.device(device)
-    for wanted in ("compiled", "eager"):
-        for (k_op, _, k_dtype, k_device, k_mode, k_variant, k_context), choice in reversed(_choices.items()):
-            if (k_op, k_dtype, torch.device(k_device), k_mode, k_variant, k_context) == (
-                    op, dtype, dev, mode, variant, wanted):
-                return choice
+    for (k_op, _, k_dtype, k_device, k_mode, k_variant), choice in reversed(_choices.items()):
+        if (k_op, k_dtype, torch.device(k_device), k_mode, k_variant) == (op, dtype, dev, mode, variant):
+            return choice
     usable = _triton_version() is not None and dev.type == "cuda"
     return "triton" if usable else "torch"

@@ -214,13 +214,10 @@ class LlamaStepCase:
         self._cudagraphs = spec.compile == "cudagraphs"
         if spec.compile != "eager":
             if spec.impl == "auto":
-                # impl="auto" measures each layer's shapes, compiled alone, on an eager call; the
-                # trace then reads those choices (kernelbench.nn.autoselect.compiled_choice).
-                from kernelbench.nn.autoselect import for_compile
-
+                # impl="auto" measures each layer's shapes on an eager call; the trace then reads
+                # those choices (kernelbench.nn.autoselect.compiled_choice).
                 self.set_step(0)
-                with for_compile():
-                    self._loss_and_logits(self.inputs, self.targets)[0].backward()
+                self._loss_and_logits(self.inputs, self.targets)[0].backward()
                 self.model.zero_grad(set_to_none=True)
             options = STATIC_LAUNCH_OPTIONS if spec.static_launch else None
             self.step = compile_step(self._loss_and_logits, device,

@@ -102,32 +102,6 @@ def test_autoselect_measures_on_cuda(tmp_path, monkeypatch):
     clear_memory_cache()
 
 
-@pytest.mark.parametrize("op, shape, variant", [
-    ("rmsnorm", (8, 512, 256), "residual"), ("rotary", (8, 8, 4, 512, 32, 32), "half-bshd"),
-    ("swiglu", (8, 512, 768), ""),
-])
-def test_autoselect_times_each_implementation_compiled(tmp_path, monkeypatch, op, shape, variant):
-    """The compiled context times both implementations under Inductor (forward and backward), and a
-    model traced afterwards takes that choice."""
-    monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))
-    from kernelbench.nn import autoselect_report
-    from kernelbench.nn.autoselect import clear_memory_cache, compiled_choice, for_compile
-
-    clear_memory_cache()
-    report = autoselect_report(op, shape, torch.bfloat16, variant=variant, context="compiled")
-    print(report)
-    assert report["source"] == "measured" and all(ms > 0 for ms in report["times_ms"].values())
-    assert report["key"].split("|")[4] == "fwd+bwd compiled"
-    if op == "swiglu":
-        gate, up = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        from kernelbench.nn import silu_mul
-
-        with for_compile():
-            silu_mul(gate, up)
-        assert compiled_choice(op, torch.bfloat16, "cuda:0", "fwd+bwd", "") == report["choice"]
-    clear_memory_cache()
-
-
 @pytest.mark.parametrize("shape", [(8, 512, 768), (4, 2048, 8192)], ids=["launch-bound", "bandwidth-bound"])
 def test_silu_mul_auto_takes_the_measured_choice(tmp_path, monkeypatch, shape):
     monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))

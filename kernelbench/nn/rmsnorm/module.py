@@ -173,8 +173,8 @@ class RMSNorm(torch.nn.Module):
 RESIDUAL_VARIANT = "residual"  # rms_norm(x, weight, eps, residual=...): (norm(x + residual), x + residual)
 
 
-def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str,
-                        wrap: Callable[[Callable], Callable]) -> dict[str, Callable[[], None]]:
+def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
+                        variant: str) -> dict[str, Callable[[], None]]:
     if variant not in ("", RESIDUAL_VARIANT):
         raise ValueError(f"autoselect: rmsnorm variant {variant!r}; accepted: '' or {RESIDUAL_VARIANT!r}")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -193,10 +193,8 @@ def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str
         grads = (rows(),) if residual is None else (rows(), rows())
 
     def runner(impl: str) -> Callable[[], None]:
-        forward = wrap(lambda x, w, residual: rms_norm(x, w, 1e-6, residual=residual, impl=impl))
-
         def run() -> None:
-            out = forward(x, w, residual)
+            out = rms_norm(x, w, 1e-6, residual=residual, impl=impl)
             if backward:
                 for t in leaves:
                     t.grad = None

@@ -176,8 +176,8 @@ def apply_rotary_(
 # ------------------------------------------------------------------------------------------------
 # What impl="auto" times
 # ------------------------------------------------------------------------------------------------
-def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str,
-                        wrap: Callable[[Callable], Callable]) -> dict[str, Callable[[], None]]:
+def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
+                        variant: str) -> dict[str, Callable[[], None]]:
     batch, hq, hk, seq, dim, rot = shape
     style, layout = (variant or "half-bhsd").split("-")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -196,10 +196,8 @@ def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str
         dq, dk = torch.randn_like(q), torch.randn_like(k)
 
     def runner(impl: str) -> Callable[[], None]:
-        forward = wrap(lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, style=style, layout=layout, impl=impl))
-
         def run() -> None:
-            qo, ko = forward(q, k, cos, sin)
+            qo, ko = apply_rotary(q, k, cos, sin, style=style, layout=layout, impl=impl)
             if backward:
                 q.grad = k.grad = None
                 torch.autograd.backward((qo, ko), (dq, dk))

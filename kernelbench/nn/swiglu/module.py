@@ -82,8 +82,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: str = "auto") -> tor
 # ------------------------------------------------------------------------------------------------
 # What impl="auto" times
 # ------------------------------------------------------------------------------------------------
-def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str, variant: str,
-                        wrap: Callable[[Callable], Callable]) -> dict[str, Callable[[], None]]:
+def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str,
+                        variant: str) -> dict[str, Callable[[], None]]:
     if variant:
         raise ValueError(f"autoselect: swiglu has no variants, got {variant!r}")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -95,10 +95,8 @@ def _autoselect_runners(shape: tuple, dtype: torch.dtype, device: str, mode: str
         dy = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
     def runner(impl: str) -> Callable[[], None]:
-        forward = wrap(lambda gate, up: silu_mul(gate, up, impl=impl))
-
         def run() -> None:
-            y = forward(gate, up)
+            y = silu_mul(gate, up, impl=impl)
             if backward:
                 gate.grad = up.grad = None
                 y.backward(dy)
