@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: runs the named steps and leaves everything in $OUT/evidence.tgz
-# (report folders, logs), so a call that is cut off still returns what it measured.
+# One call on the GPU machine: runs the named steps and leaves everything in $OUT/$KB_NAME.tgz
+# (report folders, logs; KB_NAME defaults to "evidence"), so a call that is cut off still returns
+# what it measured. Several invocations in one call (one per GPU, say) each need their own KB_NAME.
 #
 #   scripts/gpu_run.sh env selfcheck gputests ci          # steps run in the order given
 #   scripts/gpu_run.sh "kb:run rmsnorm -w sweep-n256-bf16" # any kernelbench command; its report
@@ -12,8 +13,13 @@
 # source folder, e.g. PYTHONPATH=$PWD/examples/my_rmsnorm/src, loaded with --plugin my_rmsnorm.plugin).
 set -uo pipefail
 OUT=${OUT:-/tmp/kb-out}
-WORK=${KB_WORK:-/tmp/kb}  # one per concurrent call (each on its own GPUs: CUDA_VISIBLE_DEVICES)
+NAME=${KB_NAME:-evidence}
+WORK=${KB_WORK:-/tmp/kb-$NAME}  # one per invocation (each on its own GPUs: CUDA_VISIBLE_DEVICES)
 # STEP_TIMEOUT: seconds per kb: step (550), so several jobs in one call each end, packed, before it does.
+if [ -e "$OUT/$NAME.tgz" ]; then
+  echo "gpu_run.sh: $OUT/$NAME.tgz exists: another invocation in this call packs into it; give each its own KB_NAME" >&2
+  exit 2
+fi
 rm -rf "$WORK/reports" "$WORK/logs"  # a machine kept warm would otherwise pack an earlier call's files
 mkdir -p "$OUT" "$WORK/reports" "$WORK/logs"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -23,7 +29,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-pack() { tar czf "$OUT/evidence.tgz" -C "$WORK" reports logs 2>/dev/null; }
+pack() { tar czf "$OUT/$NAME.tgz" -C "$WORK" reports logs 2>/dev/null; }
 trap pack EXIT
 
 run_step() {  # name, timeout, command...
