@@ -49,7 +49,7 @@ def time_shape(n: int, h: int, v: int, chunks: list[int], rounds: int, config, g
     weight = (torch.randn((v, h), generator=gen, device=device) * (2 / math.sqrt(h))).to(torch.bfloat16)
     weight.requires_grad_()
     targets = torch.randint(0, v, (n,), generator=gen, device=device)
-    default_rows = plan_chunk_rows(n, v, 2)
+    default_rows = plan_chunk_rows(n, h, v, 2)
     compiled = torch.compile(linear_cross_entropy_ref)
 
     def step(loss_fn):

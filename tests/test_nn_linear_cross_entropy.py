@@ -13,9 +13,11 @@ from kernelbench.nn.crossentropy import host as xent_host
 from kernelbench.nn.linear_crossentropy import (
     LOGITS_BUDGET_BYTES,
     MIN_CHUNK_ROWS,
+    ROWS_PER_HIDDEN,
     linear_cross_entropy_ref,
     plan_chunk_rows,
 )
+from kernelbench.nn.linear_crossentropy import host as lce_host
 
 V = 37
 
@@ -167,21 +169,58 @@ def test_double_backward_is_refused():
 # The chunk rule and cross-entropy's in-place backward
 # ------------------------------------------------------------------------------------------------
 def test_chunk_rule():
-    # Qwen2.5's vocabulary in bf16: the budget holds fewer rows than the minimum, which decides.
+    # Qwen2.5-0.5B's head in bf16: the budget holds fewer rows than the minimum, which decides.
     assert LOGITS_BUDGET_BYTES // (151936 * 2) < MIN_CHUNK_ROWS
-    assert plan_chunk_rows(8192, 151936, 2) == MIN_CHUNK_ROWS
-    assert plan_chunk_rows(8192, 128256, 2) == MIN_CHUNK_ROWS  # Llama-3's: 2093 rows, 2048 in whole tiles
-    assert plan_chunk_rows(100, 128256, 2) == 100  # fewer rows than a chunk: one chunk
+    assert plan_chunk_rows(8192, 896, 151936, 2) == MIN_CHUNK_ROWS
+    assert plan_chunk_rows(8192, 896, 128256, 2) == MIN_CHUNK_ROWS  # Llama-3's: 2093 rows, 2048 in whole tiles
+    assert plan_chunk_rows(100, 896, 128256, 2) == 100  # fewer rows than a chunk: one chunk
+    # A wide hidden: chunks of ROWS_PER_HIDDEN * H rows, so few chunks re-read dW (V x H).
+    assert ROWS_PER_HIDDEN * 2048 == 4096
+    assert plan_chunk_rows(8192, 2048, 128256, 2) == 4096  # Llama-3.2-1B: 2 chunks, not 4
+    assert plan_chunk_rows(4096, 4096, 128256, 2) == 4096  # Llama-3-8B at 1x4096: one chunk
+    assert plan_chunk_rows(8192, 1536, 151936, 2) == 2816  # Qwen2.5-1.5B: 3072 rows, evened over 3 chunks
     # A narrow vocabulary: the budget's rows (a multiple of 128), evened out over the chunks:
     # 16384 rows over a budget of 5376 take 4 chunks of 4096, not 3 full ones and a sliver.
     assert LOGITS_BUDGET_BYTES // (49152 * 2) // 128 * 128 == 5376
-    rows = plan_chunk_rows(16384, 49152, 2)
+    rows = plan_chunk_rows(16384, 576, 49152, 2)
     assert rows == 4096 and rows * 49152 * 2 <= LOGITS_BUDGET_BYTES
     # Rows not a multiple of the chunk: the even split rounds up to 128, the last chunk is ragged.
-    assert plan_chunk_rows(11000, 49152, 2) == 3712  # 3 chunks: 3712 + 3712 + 3576
-    assert plan_chunk_rows(50, 1000, 4, chunk_rows=7) == 7
-    assert plan_chunk_rows(50, 1000, 4, chunk_rows=70) == 50
-    assert plan_chunk_rows(0, 1000, 4) == 1
+    assert plan_chunk_rows(11000, 576, 49152, 2) == 3712  # 3 chunks: 3712 + 3712 + 3576
+    assert plan_chunk_rows(50, 16, 1000, 4, chunk_rows=7) == 7
+    assert plan_chunk_rows(50, 16, 1000, 4, chunk_rows=70) == 50
+    assert plan_chunk_rows(0, 16, 1000, 4) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("upstream", [1.0, 1.7, 0.0])
+def test_backward_in_place_equals_out_of_place(dtype, upstream):
+    """The backward of a graph that is not kept scales the forward's gradients in place (and
+    touches nothing where the upstream gradient is 1): the same values as the out-of-place product."""
+    gen = torch.Generator().manual_seed(12)
+    dh, dw = torch.randn(7, 5, generator=gen).to(dtype), torch.randn(9000, 3, generator=gen).to(dtype)
+    grad = torch.tensor(upstream)
+    want = lce_host.backward(grad, dh, dw)
+    got = lce_host.backward_in_place(grad, dh.clone(), dw.clone())
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    kept_dw = dw.clone()
+    _, same = lce_host.backward_in_place(grad, None, kept_dw)
+    assert same is kept_dw  # handed over, not copied
+
+
+def test_backward_hands_over_its_gradients_unless_the_graph_is_kept():
+    """``loss.backward()`` takes the in-place path, ``retain_graph=True`` the out-of-place one, so
+    a second backward through a kept graph accumulates the right gradient."""
+    hidden, weight, targets = make((10, 8), V, torch.float32, 13, ignored=(2,))
+    ref = linear_cross_entropy_ref(hidden.double(), weight.double(), targets)
+    ref_dh, ref_dw = torch.autograd.grad(3 * ref, (hidden, weight))
+    loss = linear_cross_entropy(hidden, weight, targets, chunk_rows=4)
+    (3 * loss).backward(retain_graph=True)
+    (3 * loss).backward()
+    torch.testing.assert_close(hidden.grad, 2 * ref_dh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad, 2 * ref_dw, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        (3 * loss).backward()
 
 
 def test_cross_entropy_backward_in_place_equals_out_of_place():

@@ -59,6 +59,22 @@ def test_fp16_fp32_and_sum(dtype, tol, reduction, monkeypatch):
     assert rel_fro(dh, ref_dh) <= tol and rel_fro(dw, ref_dw) <= tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("upstream", [1.0, 1.7, 2.0 ** -14])
+def test_backward_in_place_equals_out_of_place_bit_for_bit(dtype, upstream):
+    """The scaling a backward that runs once does in place (nothing where the upstream gradient is
+    1) rounds as torch's ``dw * grad.to(dw.dtype)`` does, on the GPU's own casts."""
+    from kernelbench.nn.linear_crossentropy import host
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    dh = torch.randn(4096, 896, generator=gen, device="cuda").to(dtype)
+    dw = torch.randn(151936 + 3, 64, generator=gen, device="cuda").to(dtype)  # not a whole block
+    grad = torch.tensor(upstream, device="cuda")
+    want = host.backward(grad, dh, dw)
+    got = host.backward_in_place(grad, dh.clone(), dw.clone())
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def _peak_bytes(fn):
     """Peak memory of one forward+backward above what was allocated before it (inputs and the
     gradients' buffers of an earlier step already freed)."""

@@ -13,12 +13,13 @@ from .host import (
     LOGITS_BUDGET_BYTES,
     MIN_CHUNK_ROWS,
     REDUCTIONS,
+    ROWS_PER_HIDDEN,
     SUPPORTED_DTYPES,
     fusing_pays,
     plan_chunk_rows,
 )
 from .module import LinearCrossEntropyLoss, linear_cross_entropy, linear_cross_entropy_ref, triton_usable
 
-__all__ = ["FUSE_MIN_LOGITS", "LOGITS_BUDGET_BYTES", "MIN_CHUNK_ROWS", "REDUCTIONS", "SUPPORTED_DTYPES",
-           "LinearCrossEntropyLoss", "fusing_pays", "linear_cross_entropy", "linear_cross_entropy_ref",
-           "plan_chunk_rows", "triton_usable"]
+__all__ = ["FUSE_MIN_LOGITS", "LOGITS_BUDGET_BYTES", "MIN_CHUNK_ROWS", "REDUCTIONS", "ROWS_PER_HIDDEN",
+           "SUPPORTED_DTYPES", "LinearCrossEntropyLoss", "fusing_pays", "linear_cross_entropy",
+           "linear_cross_entropy_ref", "plan_chunk_rows", "triton_usable"]

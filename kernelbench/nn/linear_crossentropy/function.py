@@ -32,8 +32,18 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     @once_differentiable  # the gradients are made in the forward: a double backward is an error
     def backward(ctx, grad):
         dh, dw = ctx.saved_tensors
-        dh, dw = host.backward(grad, dh, dw)
+        # A graph that is not kept runs this backward once: the forward's gradients are scaled in
+        # place and handed over, a pass over dW saved where the upstream gradient is 1.
+        scale = host.backward if _graph_kept() else host.backward_in_place
+        dh, dw = scale(grad, dh, dw)
         return None if dh is None else dh.view(ctx.hidden_shape), dw, None, None, None, None
+
+
+def _graph_kept() -> bool:
+    """Whether the running backward keeps the graph (``retain_graph`` / ``create_graph``, as
+    gradcheck does): then this node may run again. True where torch cannot say."""
+    kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if kept is None else bool(kept())
 
 
 def forward_no_grad(hidden, weight, targets, ignore_index, reduction, chunk_rows):
