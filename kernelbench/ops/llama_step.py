@@ -405,6 +405,12 @@ def kernelbench_compile_static_launch():
     return StepSpec("kernelbench", compile="compile", static_launch=True)
 
 
+@llama_step.candidate("kernelbench-compile+auto+static-launch", requires=Requires(cuda=True, triton=True))
+def kernelbench_compile_auto_static_launch():
+    """kernelbench-compile+auto with Inductor's static launcher for our Triton kernels."""
+    return StepSpec("kernelbench", compile="compile", impl="auto", fused_head_loss="auto", static_launch=True)
+
+
 @llama_step.candidate("kernelbench-cudagraphs", requires=Requires(cuda=True, triton=True))
 def kernelbench_cudagraphs():
     """kernelbench layers (custom ops), the step under torch.compile(mode="reduce-overhead")."""
