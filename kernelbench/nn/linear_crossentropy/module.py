@@ -49,7 +49,8 @@ def linear_cross_entropy(
     whose target is not ``ignore_index``; NaN when there is none) or "sum". The loss is fp32 (fp64
     for fp64 inputs); the gradients have the inputs' dtype. ``chunk_rows``: tokens per chunk (None:
     ``host.plan_chunk_rows``'s rule). The gradients are computed during the forward, so a call
-    that records a gradient holds them (N * H + V * H elements) until its backward. Nothing waits
+    that records a gradient holds them (N * H + V * H elements) until its backward; a backward that
+    does not keep the graph scales them in place and hands them over. Nothing waits
     for the host: targets outside [0, V) give a NaN loss instead of an error. Where the
     Triton kernels cannot run (CPU tensors without TRITON_INTERPRET=1, no triton) or must not take
     an input (a tensor subclass such as DTensor) it computes the reference.
