@@ -4,12 +4,14 @@ as ``llama-step``'s compiled candidates run it, kernels grouped by name (top N b
 with the step's elapsed time beside the kernels' sum.
 
     python scripts/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
-        [--compile] [--impl triton] [--steps 3] [--rounds 1] [--gaps 10]
+        [--compile] [--impl triton] [--steps 3] [--rounds 1] [--gaps 10] [--host 30]
 
 ``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
 ``--gaps N``: where the GPU waits within the profiled steps, the N longest idle stretches between
 two kernels with the kernels on either side, and the CUDA runtime calls that took the host longest
 (a synchronising call there is what lets the GPU run dry).
+``--host N``: the host's side too: its time per step in the N host events of most self time (ops,
+compiled regions, kernel launches), and its events per step, for a step the host decides.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps profiled, and per timed round")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds, the layer sets alternated")
     parser.add_argument("--gaps", type=int, default=0, help="report the N longest GPU idle stretches")
+    parser.add_argument("--host", type=int, default=0, help="report the N host events of most self time")
     args = parser.parse_args()
     device = require_cuda("step_profile")
     config = CONFIGS[args.config]
@@ -60,7 +63,8 @@ def main() -> None:
             elapsed[layers].append(start.elapsed_time(end) / steps)
     kind = "compiled" if args.compile else "eager"
     for layers, step in built.items():
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
+        with profile(activities=activities) as prof:
             for _ in range(steps):
                 step()
             torch.cuda.synchronize()
@@ -84,6 +88,8 @@ def main() -> None:
                  calls_per_step=round(count, 1))
         if args.gaps:
             report_gaps(prof, steps, args.gaps, layers)
+        if args.host:
+            report_host(prof, steps, args.host, layers)
 
 
 def build_step(config, layers: str, impl: str, compiled: bool, inputs, targets):
@@ -135,6 +141,24 @@ def report_gaps(prof, steps: int, top: int, layers: str) -> None:
             entry[1] += 1 / steps
     for name, (ms, count) in sorted(runtime.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   host {ms:8.3f} ms {count:6.0f}x  {name}")
+
+
+def report_host(prof, steps: int, top: int, layers: str) -> None:
+    """The host events of most self time per step (the profiler's own cost included alike for
+    every layer set), and how many host events a step has."""
+    totals: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            entry = totals.setdefault(e.name[:90], [0.0, 0])
+            entry[0] += e.self_cpu_time_total / steps / 1e3
+            entry[1] += 1 / steps
+    events = sum(v[1] for v in totals.values())
+    self_ms = sum(v[0] for v in totals.values())
+    print(f"   host: {events:.0f} events per step, {self_ms:.2f} ms of their self time")
+    emit(layers=layers, host_events_per_step=round(events, 1), host_self_ms_per_step=round(self_ms, 4))
+    for name, (ms, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"   host {ms:8.3f} ms {count:6.0f}x  {name}")
+        emit(layers=layers, host_event=name, self_ms_per_step=round(ms, 4), calls_per_step=round(count, 1))
 
 
 if __name__ == "__main__":
