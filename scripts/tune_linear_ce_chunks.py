@@ -4,11 +4,12 @@
         [--rounds 3]
 
 For each N x H x V (default: the ``linear-cross-entropy`` op's GPU workloads, bf16) the forward and
-backward of the loss (gradients for hidden and weight) at each chunk length, at the default plan
-(``plan_chunk_rows``) and as ``torch.compile`` of the plain loss, timed by the harness's loop (cold
-L2, median), interleaved over ``--rounds``. One JSON line per (shape, variant) with ms, the ratio to
-the compiled plain loss, and the peak memory above the inputs. Each extra chunk re-reads dW
-(V x H) in its accumulating GEMM, so the best length grows with H; the logits buffer grows with it.
+backward of the loss (gradients for hidden and weight) at each chunk length below N, at N (one
+chunk) and at the default plan (``plan_chunk_rows``), and as ``torch.compile`` of the plain loss,
+timed by the harness's loop (cold L2, median), interleaved over ``--rounds``. One JSON line per
+(shape, variant) with ms, the ratio to the compiled plain loss, and the peak memory above the
+inputs. Each extra chunk re-reads dW (V x H) in its accumulating GEMM, so the best length grows
+with H; the logits buffer grows with it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
 
 def time_shape(n: int, h: int, v: int, chunks: list[int], rounds: int, config, gen, device) -> None:
     """One JSON line per variant of one N x H x V."""
+    from kernelbench.harness.memory import peak_memory_delta
     from kernelbench.nn.linear_crossentropy import linear_cross_entropy, linear_cross_entropy_ref, plan_chunk_rows
 
     hidden = torch.randn((n, h), generator=gen, device=device).to(torch.bfloat16).requires_grad_()
@@ -59,23 +61,19 @@ def time_shape(n: int, h: int, v: int, chunks: list[int], rounds: int, config, g
         return run
 
     cases = {"torch-compile": step(lambda: compiled(hidden, weight, targets))}
-    for rows in sorted({*(c for c in chunks if c < n), n}):
+    for rows in sorted({*(c for c in chunks if c < n), n, default_rows}):
         cases[f"chunk-{rows}"] = step(lambda rows=rows: linear_cross_entropy(hidden, weight, targets,
                                                                             chunk_rows=rows))
     peaks = {}
     for name, fn in cases.items():
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        peaks[name] = torch.cuda.max_memory_allocated() - base
+        fn()  # compiled, launchers bound: the peak is a step's own
+        peaks[name] = peak_memory_delta(fn)
     ms = interleaved_ms(cases, rounds, config)
     anchor = ms["torch-compile"]
     for name, value in ms.items():
         emit(shape=f"{n}x{h}x{v}", variant=name, default=name == f"chunk-{default_rows}", ms=round(value, 4),
              ratio_vs_compile=round(value / anchor, 4), peak_mb=round(peaks[name] / 1e6, 1))
+
 
 if __name__ == "__main__":
     main()
