@@ -252,3 +252,15 @@ def test_compiled_auto_candidate_measures_its_shapes_eagerly_before_compiling(mo
     llama_step.LlamaStepCase(spec, op.workloads["llama-tiny"], "cpu", "fwd+bwd")
     clear_memory_cache()
     assert seen == [{"rmsnorm", "rotary"}]  # the eager step chose before the trace (on the CPU: torch)
+
+
+def test_a_candidate_can_fix_one_slots_impl(monkeypatch):
+    from kernelbench.ops import llama_step
+
+    op = get_op("llama-step")
+    spec = op.get_candidate("kernelbench-compile+auto+triton-rotary").build()
+    assert (spec.impl, spec.slot_impl, spec.compile) == ("auto", (("rotary", "triton"),), "compile")
+    assert op.anchor_for("kernelbench-compile+auto+triton-rotary") == "torch-compile"
+    monkeypatch.setattr(llama_step, "compile_step", lambda step, device, **kwargs: step)
+    case = llama_step.LlamaStepCase(spec, op.workloads["llama-tiny"], "cpu", "fwd+bwd")
+    assert case.model.layer_set.impls == {"norm": "auto", "rotary": "triton", "silu_mul": "auto", "loss": "auto"}

@@ -102,3 +102,21 @@ def test_sequence_longer_than_tables_is_refused():
     cfg = CONFIGS["llama-tiny"]
     with pytest.raises(ValueError, match="exceeds max_seq"):
         Llama(cfg)(torch.zeros(1, cfg.max_seq + 1, dtype=torch.long))
+
+
+def test_impl_per_slot(monkeypatch):
+    """impl as {slot: impl}: that slot's calls take it, the others "auto"; an unknown slot is an error."""
+    import kernelbench.nn as knn
+
+    cfg = CONFIGS["llama-tiny"]
+    model = Llama(cfg, "kernelbench", impl={"rotary": "torch", "norm": "triton"})
+    assert model.layer_set.impls == {"norm": "triton", "rotary": "torch", "silu_mul": "auto", "loss": "auto"}
+    assert model.model.norm.impl == "triton"
+    asked = []
+    real = knn.apply_rotary
+    monkeypatch.setattr(knn, "apply_rotary", lambda *a, impl, **kw: asked.append(impl) or real(*a, impl=impl, **kw))
+    model = Llama(cfg, "kernelbench", impl={"rotary": "torch"})
+    model.loss(*torch.randint(0, cfg.vocab_size, (2, 2, 5), generator=torch.Generator().manual_seed(0)))
+    assert asked == ["torch"] * cfg.n_layers
+    with pytest.raises(ValueError, match=r"impl: unknown layer \['attention'\]; accepted: norm, rotary"):
+        Llama(cfg, "kernelbench", impl={"attention": "torch"})

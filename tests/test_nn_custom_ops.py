@@ -14,6 +14,7 @@ from kernelbench.nn import (
     apply_rotary,
     apply_rotary_,
     autoselect,
+    autoselect_report,
     cross_entropy,
     linear_cross_entropy,  # noqa: F401 (registers kernelbench::linear_cross_entropy)
     rms_norm,
@@ -167,6 +168,48 @@ def test_auto_is_decided_outside_the_trace(tmp_path, monkeypatch):
     x = torch.randn(4, 16)
     torch.testing.assert_close(compiled(x), rms_norm(x, impl="torch"))
     assert calls == []
+
+
+def _traced_ops(fn, *args) -> set[str]:
+    """The kernelbench ops in the graph torch.compile traces for fn(*args)."""
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if str(n.target).startswith("kernelbench."))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return seen
+
+
+def test_auto_rotary_is_torch_under_compile_whatever_eager_chose(tmp_path, monkeypatch):
+    """Eager calls that chose Triton make a traced RMSNorm take Triton, but a traced rotary takes
+    torch's formula (rotary's Candidates.traced), so Inductor can fuse it with its neighbours."""
+    monkeypatch.setenv(autoselect.CACHE_ENV, str(tmp_path))
+    autoselect.clear_memory_cache()
+    def triton_faster(runners):
+        return {"triton": 0.1, "torch": 0.2}
+
+    autoselect_report("rmsnorm", (4, HIDDEN), torch.float32, mode="fwd", timer=triton_faster)
+    autoselect_report("rotary", (1, HEADS, 1, 4, HEAD_DIM, HEAD_DIM), torch.float32, mode="fwd",
+                                 variant="half-bhsd", timer=triton_faster)
+    x = torch.randn(4, HIDDEN)
+    q, k = torch.randn(1, HEADS, 4, HEAD_DIM), torch.randn(1, 1, 4, HEAD_DIM)
+    angles = torch.rand(4, HEAD_DIM)
+    cos, sin = angles.cos(), angles.sin()
+    try:
+        with torch.no_grad():  # eager calls record their choice: "triton", timed above
+            rms_norm(x, impl="auto")
+            apply_rotary(q, k, cos, sin, impl="auto")
+        assert set(autoselect.choices_made().values()) == {"triton"}
+        with torch.no_grad():
+            assert _traced_ops(lambda t: rms_norm(t, impl="auto"), x) == {"kernelbench.rms_norm_fwd"}
+            assert _traced_ops(lambda a, b: apply_rotary(a, b, cos, sin, impl="auto"), q, k) == set()
+            assert _traced_ops(lambda a, b: apply_rotary(a, b, cos, sin, impl="triton"), q, k) == {
+                "kernelbench.rotary"}
+    finally:
+        autoselect.clear_memory_cache()
 
 
 @pytest.mark.parametrize("call, message", [

@@ -17,9 +17,11 @@ SwiGLU activation ``silu(gate) * up`` and the loss); everything else is the same
 says what each layer set puts in each slot; an op of kernelbench.ops that is one of these layers
 names its slot (``model_layer``), so ``train`` finds the layer ops in the registry. The residual
 add before each norm goes through the layer set too, so an implementation that fuses it
-(kernelbench's) can. ``overrides`` replaces single layers of the set by plain functions (a
-kernel under test): ``"norm"`` ``fn(x, weight, eps)``, ``"rotary"`` ``fn(q, k, cos, sin)``,
-``"silu_mul"`` ``fn(gate, up)``, ``"loss"`` ``fn(logits, targets)`` (mean over every position).
+(kernelbench's) can. ``impl`` is kernelbench's layers' ``impl`` ("auto", "triton", "torch"), one for
+every slot or a mapping {slot: impl} (slots left out: "auto"). ``overrides`` replaces single
+layers of the set by plain functions (a kernel under test): ``"norm"`` ``fn(x, weight, eps)``,
+``"rotary"`` ``fn(q, k, cos, sin)``, ``"silu_mul"`` ``fn(gate, up)``, ``"loss"`` ``fn(logits,
+targets)`` (mean over every position).
 """
 
 from __future__ import annotations
@@ -100,13 +102,17 @@ class LayerSet:
     """The RMSNorm, rotary, SwiGLU-activation and loss implementations a model is built with:
     ``loss(logits, targets)`` is the mean cross-entropy (fp32) over every position."""
 
-    def __init__(self, name: str, impl: str = "auto", overrides: Mapping[str, Callable] | None = None) -> None:
+    def __init__(self, name: str, impl: str | Mapping[str, str] = "auto",
+                 overrides: Mapping[str, Callable] | None = None) -> None:
         if name not in LAYER_SETS:
             raise ValueError(f"layers must be one of {', '.join(LAYER_SETS)}, got {name!r}")
-        unknown = set(overrides or {}) - set(LAYER_SLOTS)
-        if unknown:
-            raise ValueError(f"overrides: unknown layer {sorted(unknown)}; accepted: {', '.join(LAYER_SLOTS)}")
-        self.name, self.impl = name, impl
+        for what, given in (("overrides", overrides or {}), ("impl", impl if isinstance(impl, Mapping) else {})):
+            unknown = set(given) - set(LAYER_SLOTS)
+            if unknown:
+                raise ValueError(f"{what}: unknown layer {sorted(unknown)}; accepted: {', '.join(LAYER_SLOTS)}")
+        self.name = name
+        # kernelbench's impl per slot ("auto" for a slot a mapping leaves out).
+        self.impls = {slot: impl.get(slot, "auto") if isinstance(impl, Mapping) else impl for slot in LAYER_SLOTS}
         self.overrides = dict(overrides or {})
         self.rotary: Callable = eager_rotary
         self.silu_mul: Callable = _eager_silu_mul
@@ -114,9 +120,10 @@ class LayerSet:
         if name == "kernelbench":
             from kernelbench.nn import apply_rotary, cross_entropy, silu_mul
 
-            self.rotary = lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl=impl)
-            self.silu_mul = lambda gate, up: silu_mul(gate, up, impl=impl)
-            self.loss = lambda logits, targets: cross_entropy(logits, targets, impl=impl)
+            rotary_impl, silu_impl, loss_impl = self.impls["rotary"], self.impls["silu_mul"], self.impls["loss"]
+            self.rotary = lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl=rotary_impl)
+            self.silu_mul = lambda gate, up: silu_mul(gate, up, impl=silu_impl)
+            self.loss = lambda logits, targets: cross_entropy(logits, targets, impl=loss_impl)
         elif name == "liger":
             from liger_kernel.ops.rope import LigerRopeFunction
             from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -135,7 +142,7 @@ class LayerSet:
         if self.name == "kernelbench":
             from kernelbench.nn import RMSNorm
 
-            return RMSNorm(hidden, eps=eps, impl=self.impl)
+            return RMSNorm(hidden, eps=eps, impl=self.impls["norm"])
         if self.name == "liger":
             from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
@@ -217,7 +224,7 @@ class _Body(nn.Module):
 class Llama(nn.Module):
     """``forward(tokens)`` -> logits (B, S, vocab); ``loss(tokens, targets)`` -> mean cross-entropy."""
 
-    def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str = "auto",
+    def __init__(self, config: LlamaConfig, layers: str = "torch", *, impl: str | Mapping[str, str] = "auto",
                  overrides: Mapping[str, Callable] | None = None, fused_head_loss: bool | str = False) -> None:
         super().__init__()
         if fused_head_loss not in (True, False, "auto"):

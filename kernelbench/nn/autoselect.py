@@ -9,7 +9,8 @@ kept, in memory and in a JSON file (``$KERNELBENCH_CACHE_DIR/autoselect.json``, 
 another process reads the answer instead of measuring again. Without CUDA nothing is timed: the
 answer is "torch" ("no CUDA: timings not measured"). Without Triton the answer is "torch", with
 one log line. A call being traced by torch.compile measures nothing and reads no file: see
-:func:`compiled_choice`.
+:func:`compiled_choice`; an op whose ``Candidates.traced`` names an implementation takes that one
+there (rotary: torch's formula, which Inductor fuses with the copies beside it).
 
 What is timed is the call on its own, so where launching a call takes the host longer than its
 kernels take the GPU, the host's time decides, as it does in a host-bound training step; inside a
@@ -115,6 +116,9 @@ class Candidates:
     runners: Runners
     blocker: Callable[[tuple], str | None] = _no_blocker
     check_shape: Callable[[tuple], None] = _any_shape
+    # The implementation a call traced by torch.compile takes whatever eager calls chose (None:
+    # theirs, see compiled_choice): for an op Inductor does better fusing into its neighbours.
+    traced: str | None = None
 
 
 def _triton_blocker(candidates: Candidates, shape: tuple) -> str | None:
@@ -270,7 +274,7 @@ def choose_impl(
     mode = "fwd+bwd" if requires_grad else "fwd"
     op = candidates.op
     if torch.compiler.is_compiling():
-        return compiled_choice(op, dtype, str(device), mode, variant)
+        return candidates.traced or compiled_choice(op, dtype, str(device), mode, variant)
     key = (op, shape, dtype, device, mode, variant)
     choice = _choices.get(key)
     if choice is None:

@@ -56,6 +56,7 @@ class StepSpec:
     compile: str = "eager"
     optimizer: str = "torch-adamw"
     impl: str = "triton"
+    slot_impl: tuple[tuple[str, str], ...] = ()  # (slot, impl) pairs that replace ``impl`` for that slot
     fused_head_loss: bool | str = False  # lm_head + loss as kernelbench.nn.linear_cross_entropy (or "auto")
     # Inductor launches our Triton kernels through its static launcher, as it launches its own
     # (torch.compile's options; Inductor's default runs user kernels through Triton's launcher).
@@ -195,6 +196,7 @@ class LlamaStepCase:
                  dtype: str | None = None) -> None:
 
         from kernelbench.models import Llama
+        from kernelbench.models.llama import LAYER_SLOTS
 
         if mode not in MODES:
             raise ValueError(f"llama-step has no mode {mode}; modes: {', '.join(MODES)}")
@@ -205,7 +207,8 @@ class LlamaStepCase:
             raise ValueError(f"llama-step: workload seq {seq} exceeds the config's max_seq {cfg.max_seq}")
         # Weights drawn in fp32 from the workload's seed, then cast: every candidate and the
         # reference start from the same values.
-        model = Llama(cfg, spec.layers, impl=spec.impl, fused_head_loss=spec.fused_head_loss).to(device)
+        impls = {slot: spec.impl for slot in LAYER_SLOTS} | dict(spec.slot_impl)
+        model = Llama(cfg, spec.layers, impl=impls, fused_head_loss=spec.fused_head_loss).to(device)
         model.reset_parameters(seed=workload.seed)
         self.model = model.to(torch_dtype(dtype or workload.spec["dtype"]))
         self.step = self._loss_and_logits
@@ -213,7 +216,7 @@ class LlamaStepCase:
             raise ValueError(f"llama-step: compile {spec.compile!r}; accepted: {', '.join(COMPILE_MODES)}")
         self._cudagraphs = spec.compile == "cudagraphs"
         if spec.compile != "eager":
-            if spec.impl == "auto":
+            if "auto" in impls.values():
                 # impl="auto" measures each layer's shapes on an eager call; the trace then reads
                 # those choices (kernelbench.nn.autoselect.compiled_choice).
                 self.set_step(0)
@@ -391,6 +394,14 @@ def kernelbench_compile_auto():
     """kernelbench layers compiled at the library's defaults: impl="auto", whose choices an eager step
     measured at this model's shapes are constants of the graph, and fused_head_loss="auto"."""
     return StepSpec("kernelbench", compile="compile", impl="auto", fused_head_loss="auto")
+
+
+@llama_step.candidate("kernelbench-compile+auto+triton-rotary", requires=Requires(triton=True))
+def kernelbench_compile_auto_triton_rotary():
+    """kernelbench-compile+auto with our rotary kernel in the graph, where "auto" leaves rotary to
+    Inductor (torch's formula, fused with the copies beside it)."""
+    return StepSpec("kernelbench", compile="compile", impl="auto", slot_impl=(("rotary", "triton"),),
+                    fused_head_loss="auto")
 
 
 @llama_step.candidate("kernelbench-compile", requires=Requires(triton=True))

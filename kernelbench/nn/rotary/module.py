@@ -111,7 +111,8 @@ def apply_rotary(
     strides. cos / sin (positions, rotary_dim), rotary_dim <= D (the rest of each head passes
     through). ``style``: "half" (HF rotate_half) or "interleaved" (GPT-J). ``position_offset``:
     an int, or an int tensor of shape (B,), added to the positions 0..S-1 (KV cache).
-    ``impl``: "triton", "torch" (``rotary_ref``) or "auto" (measured once per shape, cached).
+    ``impl``: "triton", "torch" (``rotary_ref``) or "auto" (measured once per shape, cached;
+    torch's under torch.compile, where Inductor fuses it with the copies around it).
     A tensor subclass (DTensor) takes torch's path under "auto" and is an error under "triton".
     """
     if impl not in IMPLS:
@@ -212,4 +213,7 @@ def _autoselect_check_shape(shape: tuple) -> None:
         raise ValueError(f"autoselect: rotary shape is (B, Hq, Hk, S, D, rotary_dim), got {shape}")
 
 
-AUTOSELECT = Candidates("rotary", _autoselect_runners, check_shape=_autoselect_check_shape)
+# Traced by torch.compile, "auto" is torch's formula: Inductor fuses it into the copies beside it (a
+# model's head transpose, GQA's repeat of k), which a custom op cannot join
+# (results/2026-11-29-h200-compiled-rotary).
+AUTOSELECT = Candidates("rotary", _autoselect_runners, check_shape=_autoselect_check_shape, traced="torch")
