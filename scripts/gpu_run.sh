@@ -35,7 +35,7 @@ trap pack EXIT
 run_step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
   echo "=== $name ($(date -u +%H:%M:%S))"
-  timeout "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+  timeout -k 30 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1  # KILL 30 s after a TERM not heeded
   local rc=$?
   echo "--- $name exit $rc"
   tail -n 25 "$WORK/logs/$name.log"

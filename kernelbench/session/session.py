@@ -170,7 +170,7 @@ class Session:
 
         created = not folder.exists()
         outcome, interruption, usage_error = "failed", None, None
-        with interrupts():
+        with interrupts() as signals:
             try:
                 writer = ReportWriter(folder, fingerprint, verb, settings=settings)
             except OSError as exc:
@@ -184,6 +184,7 @@ class Session:
             except KeyboardInterrupt as exc:
                 outcome, interruption = "interrupted", interruption_name(exc)
             finally:
+                signals.stop()  # the work has ended: closing the report is not interrupted
                 writer.close(outcome, interruption)
         if usage_error is not None:
             if created and not writer.rows:

@@ -3,7 +3,9 @@ interruption, so the report is closed and says what stopped it."""
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,11 +27,59 @@ def interruption_code(name: str) -> int:
     return 128 + int(signal.Signals[name])
 
 
+# Seconds between re-sends of a signal whose interruption has not ended the work yet.
+RESEND_S = 5.0
+
+
+class Pending:
+    """The signal being delivered, and a timer that sends it again until ``stop()``: the work
+    has ended (by the interruption or otherwise) and what follows, closing a report, must not be
+    interrupted."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.stopped = False
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+
+    def arm(self, signum: int) -> None:
+        with self.lock:
+            self.signum = signum
+            if self.timer is None and not self.stopped:
+                self.timer = threading.Timer(RESEND_S, self.resend)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def resend(self) -> None:
+        with self.lock:
+            self.timer = None
+            if self.stopped or self.signum is None:
+                return
+        os.kill(os.getpid(), self.signum)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+
 @contextmanager
-def interrupts() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted; a second one while the report closes is ignored."""
+def interrupts() -> Iterator[Pending]:
+    """SIGTERM and SIGHUP raise Interrupted until the work inside ends.
+
+    An exception raised where Python discards it (a weakref callback or ``__del__`` running when
+    the signal lands: "Exception ignored in ...") would leave the work running with nobody left to
+    stop it, so the signal is sent again every ``RESEND_S`` seconds until the block is left or the
+    yielded ``Pending.stop()`` is called (the work has ended); a signal after that is ignored.
+    """
+    pending = Pending()
+
     def handler(signum, frame):
-        signal.signal(signum, signal.SIG_IGN)
+        if pending.stopped:
+            return
+        pending.arm(signum)
         raise Interrupted(signum)
 
     previous = {}
@@ -39,7 +89,11 @@ def interrupts() -> Iterator[None]:
         except ValueError:  # not the main thread: leave signals alone
             pass
     try:
-        yield
+        yield pending
+    except KeyboardInterrupt:
+        pending.stop()  # the interruption reached the work: no more re-sends while it is handled
+        raise
     finally:
+        pending.stop()
         for sig, old in previous.items():
             signal.signal(sig, old)
