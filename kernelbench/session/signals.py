@@ -90,9 +90,6 @@ def interrupts() -> Iterator[Pending]:
             pass
     try:
         yield pending
-    except KeyboardInterrupt:
-        pending.stop()  # the interruption reached the work: no more re-sends while it is handled
-        raise
     finally:
         pending.stop()
         for sig, old in previous.items():
