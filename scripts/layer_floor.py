@@ -2,7 +2,7 @@
 (fwd+bwd of the loss, bf16) with torch's layers, kernelbench's, and with the layers made free.
 
     python scripts/layer_floor.py [--model llama-7m] [--tokens 8x512] [--modes eager compile]
-        [--rounds 15] [--steps 20] [--slots none|eager|all]
+        [--rounds 15] [--steps 20] [--slots none|eager|all|swap]
 
 "Free" layers do the least a layer can: the norm returns its input (the residual add before it
 stays), rotary returns q and k, the SwiGLU activation is ``gate + up`` (one elementwise launch, so
@@ -10,7 +10,10 @@ both projections still get their gradients); the loss is torch's. No implementat
 slots launches less, so the step with every slot free is a floor: ``free / torch`` is the lowest
 ratio to torch's layers that any RMSNorm, rotary and SwiGLU could reach on this model, and a target
 below it cannot be met by the layers. One slot freed at a time, torch's and kernelbench's, gives
-what each slot costs the step in each set (``torch - torch-free-<slot>``).
+what each slot costs the step in each set (``torch - torch-free-<slot>``). ``--slots swap`` instead
+puts one of kernelbench's layers (impl="auto"; the loss too) into torch's model at a time
+(``torch+ours-<slot>``), and runs kernelbench's model on torch's formulas (``kernelbench-torch``,
+impl="torch": what the layers' wrappers cost alone), so a whole-model ratio can be split by slot.
 
 Each variant's steps run back to back, ``--steps`` of them between two synchronisations, timed
 by CUDA events (for a host-bound step that is the host's time to issue it; ``enqueue_ms`` is
@@ -38,6 +41,7 @@ from kernelbench.ops.model_step import compile_step
 from common import emit, require_cuda
 
 SLOTS = ("norm", "rotary", "silu_mul")
+SWAPPED = (*SLOTS, "loss")
 
 
 def _free_norm(x, weight, eps):
@@ -55,12 +59,29 @@ def _free_silu_mul(gate, up):
 FREE = {"norm": _free_norm, "rotary": _free_rotary, "silu_mul": _free_silu_mul}
 
 
+def _ours(slot: str):
+    """kernelbench's layer for ``slot`` at impl="auto", as a plain function a torch model takes."""
+    from kernelbench.nn import apply_rotary, cross_entropy, rms_norm, silu_mul
+
+    return {"norm": lambda x, weight, eps: rms_norm(x, weight, eps, impl="auto"),
+            "rotary": lambda q, k, cos, sin: apply_rotary(q, k, cos, sin, impl="auto"),
+            "silu_mul": lambda gate, up: silu_mul(gate, up, impl="auto"),
+            "loss": lambda logits, targets: cross_entropy(logits, targets, impl="auto")}[slot]
+
+
 def variants(modes: list[str], slots: str) -> list[tuple[str, str, str, str, dict]]:
     """(name, mode, layer set, impl, overrides) of every variant measured."""
     out = []
     for mode in modes:
         per_slot = slots == "all" or (slots == "eager" and mode == "eager")
         out.append(("torch", mode, "torch", "triton", {}))
+        if slots == "swap":
+            # One slot of torch's model taken by ours at a time, and our layers all on torch's
+            # formulas (what our wrappers cost alone).
+            out.append(("kernelbench-auto", mode, "kernelbench", "auto", {}))
+            out.append(("kernelbench-torch", mode, "kernelbench", "torch", {}))
+            out += [(f"torch+ours-{slot}", mode, "torch", "auto", {slot: _ours(slot)}) for slot in SWAPPED]
+            continue
         out.append(("kernelbench", mode, "kernelbench", "triton", {}))
         out.append(("kernelbench-auto", mode, "kernelbench", "auto", {}))
         if mode == "compile":
@@ -106,8 +127,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["eager", "compile"], choices=("eager", "compile"))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--slots", choices=("none", "eager", "all"), default="eager",
-                        help="the one-slot-free variants: none, eager only, or eager and compiled")
+    parser.add_argument("--slots", choices=("none", "eager", "all", "swap"), default="eager",
+                        help="the one-slot-free variants: none, eager only, or eager and compiled; or "
+                             "(swap) torch's model with one slot ours at a time, in every mode")
     args = parser.parse_args()
     row = next((r for r in GRID if r.name == args.model), None)
     if row is None and args.tokens is None:

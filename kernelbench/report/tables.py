@@ -18,6 +18,7 @@ BENCH_COLUMNS = {
     "pct_matmul": "% matmul",
     "peak_mem_delta_bytes": "peak MB",
     "peak_mem_bytes": "step peak MB",
+    "peak_mem_requested_bytes": "step peak MB requested",
     "tokens_per_s": "tok/s",
     "state_bytes": "state MB",
 }

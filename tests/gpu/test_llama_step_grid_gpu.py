@@ -40,6 +40,7 @@ def test_every_mode_times_against_its_own_torch_anchor():
     weights = 2 * (cfg["vocab_size"] * cfg["hidden"] * 2)  # bf16 embedding and head, a floor
     for cand in CANDIDATES:
         assert by[(cand, "peak_mem_bytes")]["value"] > weights
+        assert by[(cand, "peak_mem_requested_bytes")]["value"] > weights
         assert by[(cand, "tokens_per_s")]["value"] > 0
 
 

@@ -2,7 +2,8 @@
 launches our Triton kernels itself (no call of a kernelbench op is left in it), Inductor finds
 that our kernels write none of their inputs (else it copies them first), and the compiled
 forward and backward equal eager's bit for bit (same kernels, same configurations; eps cast to
-fp32 in the kernel whatever float width Inductor passes)."""
+fp32 in the kernel whatever float width Inductor passes); the cross-entropy's sum over rows and
+its backward are Inductor's under compile, so those are close instead."""
 
 import pytest
 import torch
@@ -146,8 +147,10 @@ def test_cross_entropy_compiled_loss_equals_eager():
     targets = torch.randint(0, 4096, (4, 512), device="cuda")
     targets[0, :7] = -100
     got, want, code = _compiled_and_eager(lambda x: cross_entropy(x, targets), [logits])
-    _assert_launched_by_inductor(code, ["_xent_fwd_kernel", "_xent_reduce_kernel"])
-    assert torch.equal(got[0][0], want[0][0])
+    _assert_launched_by_inductor(code, ["_xent_fwd_kernel"])
+    # The sum over rows is Inductor's reduction under compile, the reduce kernel eagerly: the same
+    # row losses summed in another order.
+    torch.testing.assert_close(got[0][0], want[0][0], rtol=1e-6, atol=1e-6)
     # The compiled backward is the kernel's formula in ATen ops (fused by Inductor): close, not equal.
     err = ((got[1][0].float() - want[1][0].float()).norm() / want[1][0].float().norm()).item()
     assert err < 1e-2, err
@@ -203,7 +206,7 @@ def test_compile_caches_key_on_every_kernel_an_op_launches():
         "kernelbench::rotary_": {"_rotary_kernel"},
         "kernelbench::silu_mul_fwd": {"_silu_mul_fwd_kernel"},
         "kernelbench::silu_mul_bwd": {"_silu_mul_bwd_kernel"},
-        "kernelbench::cross_entropy_fwd": {"_xent_fwd_kernel", "_xent_reduce_kernel"},
+        "kernelbench::cross_entropy_fwd": {"_xent_fwd_kernel"},
     }
     for op, kernels in expected.items():
         found = {kernel.fn.__name__ for kernel in get_triton_kernels_for_op(op)}

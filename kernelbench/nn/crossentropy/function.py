@@ -12,8 +12,8 @@ from torch.autograd.function import once_differentiable
 from .. import _inductor_fallbacks
 from .._triton_support import acc_dtype, compiled_op, static_int, wrap_triton
 from . import host
-from .host import as_rows, as_targets, check_inputs, fwd_config, fwd_meta, reduce_meta
-from .kernels import _xent_fwd_kernel, _xent_reduce_kernel
+from .host import as_rows, as_targets, check_inputs, fwd_config, fwd_meta
+from .kernels import _xent_fwd_kernel
 
 
 class CrossEntropyFunction(torch.autograd.Function):
@@ -46,7 +46,9 @@ def _cross_entropy_fwd_op(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, lse, n_valid); lse of shape (M,), n_valid a scalar (empty for "none"). The body is
-    ``host.forward``'s default launches, traceably."""
+    ``host.forward``'s row kernel, traceably; the sum over rows is ATen ops here, which Inductor
+    turns into a reduction of its own: one launch of a user kernel fewer per step, whose host
+    time decides small compiled steps (results/2026-11-29-h200-host-bound-swaps)."""
     check_inputs(logits, targets, ignore_index, reduction)
     x2d, t1d = as_rows(logits), as_targets(targets)
     m, v = x2d.shape
@@ -62,11 +64,10 @@ def _cross_entropy_fwd_op(
     if not m:
         empty = float("nan") if reduction == "mean" else 0.0
         return torch.full((), empty, dtype=acc, device=x2d.device), lse, torch.zeros((), dtype=acc, device=x2d.device)
-    loss = torch.empty((), dtype=acc, device=x2d.device)
-    n_valid = torch.empty((), dtype=acc, device=x2d.device)
-    wrap_triton(_xent_reduce_kernel)[(1,)](loss_rows, t1d, loss, n_valid, m, ignore_index,
-                                           **reduce_meta(m, x2d.dtype, reduction))
-    return loss, lse, n_valid
+    # Ignored rows hold a zero loss; a mean over none is 0 / 0 = NaN, as torch's.
+    n_valid = (t1d != ignore_index).sum(dtype=acc)
+    total = loss_rows.sum()
+    return (total / n_valid if reduction == "mean" else total), lse, n_valid
 
 
 @_cross_entropy_fwd_op.register_fake

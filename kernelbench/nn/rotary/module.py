@@ -82,10 +82,20 @@ def rotary_ref(
     cos, sin = table_2d(cos), table_2d(sin)
     rot = cos.shape[-1]
     seq_dim, head_dim_index = (2, 1) if layout == "bhsd" else (1, 2)
-    pos = _positions(position_offset, q.shape[0], q.shape[seq_dim], q.device)
-    c, s = cos[pos].unsqueeze(head_dim_index), sin[pos].unsqueeze(head_dim_index)  # broadcast over heads
+    seq = q.shape[seq_dim]
+    if isinstance(position_offset, torch.Tensor):
+        pos = _positions(position_offset, q.shape[0], seq, q.device)
+        c, s = cos[pos].unsqueeze(head_dim_index), sin[pos].unsqueeze(head_dim_index)  # broadcast over heads
+    else:
+        # One offset for the whole batch: a slice of the tables, no gather (fewer ops eagerly, and
+        # under torch.compile the same graph as Hugging Face's formula).
+        c, s = cos[position_offset:position_offset + seq], sin[position_offset:position_offset + seq]
+        if layout == "bshd":
+            c, s = c.unsqueeze(1), s.unsqueeze(1)
 
     def one(x):
+        if rot == x.shape[-1]:
+            return x * c.to(x.dtype) + _rotate(x, style) * s.to(x.dtype)
         x_rot, x_pass = x[..., :rot], x[..., rot:]
         out = x_rot * c.to(x.dtype) + _rotate(x_rot, style) * s.to(x.dtype)
         return torch.cat((out, x_pass), dim=-1)
