@@ -209,6 +209,21 @@ def test_opcheck(reduction):
     torch.library.opcheck(torch.ops.kernelbench.cross_entropy_fwd.default, (logits, targets, -100, reduction))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("ignored", [(1, 4), tuple(range(6))], ids=["some-ignored", "all-ignored"])
+def test_op_reduces_like_the_eager_kernels(reduction, ignored):
+    """The op torch.compile sees sums the rows in ATen ops, eager calls in the reduce kernel: the
+    same loss and count of valid rows, NaN for a mean over no row (as torch)."""
+    logits, targets = make((2, 3, 40), torch.float32, 21, ignored=ignored)
+    loss, lse, n_valid = torch.ops.kernelbench.cross_entropy_fwd(logits.detach(), targets, -100, reduction)
+    want_loss, want_lse, want_n = K.forward(K.as_rows(logits.detach()), K.as_targets(targets), -100, reduction)
+    assert n_valid.item() == want_n.item() == 6 - len(ignored)
+    torch.testing.assert_close(lse, want_lse)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6, equal_nan=True)
+    if reduction == "mean" and len(ignored) == 6:
+        assert loss.isnan()
+
+
 def _loss_fn(impl, reduction):
     def fn(hidden, weight, targets):
         logits = hidden @ weight  # the loss as a model computes it, behind the head

@@ -89,6 +89,20 @@ def test_reference_matches_hf_and_gptj():
     assert_close("interleaved vs complex", rotary_ref(q, k, cos_i, sin_i, style="interleaved")[0], expected, 1e-12, 0)
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("rot", [32, 24], ids=["full", "partial"])
+def test_reference_slices_an_int_offset_as_it_gathers_a_tensor_one(layout, rot):
+    """rotary_ref slices the tables for an int offset and gathers them by position for a tensor
+    of offsets: the same rotation where both say the same offset."""
+    gen = torch.Generator().manual_seed(4)
+    q, k = make(2, 4, 2, 9, 32, layout, torch.float64, gen)
+    cos, sin = tables(14, rot, "half")
+    by_slice = rotary_ref(q, k, cos, sin, layout=layout, position_offset=3)
+    by_gather = rotary_ref(q, k, cos, sin, layout=layout, position_offset=torch.tensor([3, 3]))
+    for got, want in zip(by_slice, by_gather):
+        assert torch.equal(got, want)
+
+
 def test_gradcheck_fp64():
     gen = torch.Generator().manual_seed(1)
     for style in ("half", "interleaved"):
