@@ -53,11 +53,9 @@ IMPLS = ("auto", "triton", "torch")
 # ------------------------------------------------------------------------------------------------
 # Reference
 # ------------------------------------------------------------------------------------------------
-def _positions(offset: int | torch.Tensor, batch: int, seq: int, device) -> torch.Tensor:
-    steps = torch.arange(seq, device=device)
-    if isinstance(offset, torch.Tensor):
-        return offset.to(device=device, dtype=torch.long)[:, None] + steps[None, :]  # (B, S)
-    return (offset + steps)[None, :].expand(batch, seq)
+def _positions(offsets: torch.Tensor, seq: int, device) -> torch.Tensor:
+    """(B, S) positions of per-batch ``offsets``."""
+    return offsets.to(device=device, dtype=torch.long)[:, None] + torch.arange(seq, device=device)[None, :]
 
 
 def _rotate(x: torch.Tensor, style: str) -> torch.Tensor:
@@ -84,7 +82,7 @@ def rotary_ref(
     seq_dim, head_dim_index = (2, 1) if layout == "bhsd" else (1, 2)
     seq = q.shape[seq_dim]
     if isinstance(position_offset, torch.Tensor):
-        pos = _positions(position_offset, q.shape[0], seq, q.device)
+        pos = _positions(position_offset, seq, q.device)
         c, s = cos[pos].unsqueeze(head_dim_index), sin[pos].unsqueeze(head_dim_index)  # broadcast over heads
     else:
         # One offset for the whole batch: a slice of the tables, no gather (fewer ops eagerly, and
