@@ -92,11 +92,10 @@ def rotary_ref(
             c, s = c.unsqueeze(1), s.unsqueeze(1)
 
     def one(x):
-        if rot == x.shape[-1]:
-            return x * c.to(x.dtype) + _rotate(x, style) * s.to(x.dtype)
-        x_rot, x_pass = x[..., :rot], x[..., rot:]
+        whole = rot == x.shape[-1]  # nothing passes through: no slice, no cat
+        x_rot = x if whole else x[..., :rot]
         out = x_rot * c.to(x.dtype) + _rotate(x_rot, style) * s.to(x.dtype)
-        return torch.cat((out, x_pass), dim=-1)
+        return out if whole else torch.cat((out, x[..., rot:]), dim=-1)
 
     return one(q), one(k)
 
