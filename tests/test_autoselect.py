@@ -89,6 +89,30 @@ def test_auto_dispatch_follows_the_choice(cache_dir):
     assert torch.allclose(rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6, impl="triton"), atol=0, rtol=0)
 
 
+def test_recording_collects_every_choice_made_inside_cached_ones_too(cache_dir):
+    from kernelbench.nn.autoselect import describe_choices, recording_choices
+    from kernelbench.nn.rotary import module as rotary_module
+
+    autoselect_report("rmsnorm", (3, 40), torch.float32, mode="fwd", timer=FakeTimer({"triton": 1.0, "torch": 2.0}))
+    choose_impl(AUTOSELECT, (3, 40), torch.float32, "cpu", requires_grad=False)  # answered before recording
+    with recording_choices() as outer:
+        assert choose_impl(AUTOSELECT, (3, 40), torch.float32, "cpu", requires_grad=False) == "triton"
+        with recording_choices() as inner:
+            rotary_shape = (1, 2, 4, 8, 2, 8)
+            choose_impl(rotary_module.AUTOSELECT, rotary_shape, torch.float32, "cpu", requires_grad=True,
+                        variant="half-bhsd")
+    choose_impl(AUTOSELECT, (5, 40), torch.float32, "cpu", requires_grad=False)  # after: not recorded
+    rms_key = ("rmsnorm", (3, 40), torch.float32, "cpu", "fwd", "")
+    rotary_key = ("rotary", rotary_shape, torch.float32, "cpu", "fwd+bwd", "half-bhsd")
+    assert outer == {rms_key: "triton", rotary_key: "torch"} and inner == {rotary_key: "torch"}
+    assert describe_choices(outer) == ("rmsnorm 3x40 float32 fwd: triton; "
+                                       "rotary half-bhsd 1x2x4x8x2x8 float32 fwd+bwd: torch")
+    # A compiled model's rotary calls take torch's formula (Candidates.traced) whatever eager chose.
+    assert "rotary half-bhsd 1x2x4x8x2x8 float32 fwd+bwd: torch (traced; eager torch)" in describe_choices(
+        outer, traced=True)
+    assert "rmsnorm 3x40 float32 fwd: triton;" in describe_choices(outer, traced=True)
+
+
 def test_cpu_without_timer_answers_torch_and_writes_nothing(cache_dir):
     report = autoselect_report("rmsnorm", (16, 2048, 4096), torch.bfloat16, device="cpu")
     assert report["choice"] == "torch" and report["reason"] == "no CUDA: timings not measured"

@@ -254,6 +254,41 @@ def test_compiled_auto_candidate_measures_its_shapes_eagerly_before_compiling(mo
     assert seen == [{"rmsnorm", "rotary"}]  # the eager step chose before the trace (on the CPU: torch)
 
 
+@pytest.mark.parametrize("candidate", ["kernelbench-eager+auto", "kernelbench-compile+auto"])
+def test_an_auto_candidate_reports_the_choices_its_step_ran(monkeypatch, candidate):
+    from kernelbench.nn.autoselect import clear_memory_cache
+    from kernelbench.ops import llama_step
+
+    op = get_op("llama-step")
+    monkeypatch.setattr(llama_step, "compile_step", lambda step, device, **kwargs: step)
+    clear_memory_cache()
+    case = llama_step.LlamaStepCase(op.get_candidate(candidate).build(), op.workloads["llama-tiny"], "cpu",
+                                    "fwd+bwd")
+    case.prepare()
+    case.run()
+    row = [r for r in case.extra_rows(1.0) if r[0] == "auto_triton_choices"]
+    clear_memory_cache()
+    assert len(row) == 1
+    _, triton, _, message = row[0]
+    # On the CPU every choice is torch's; the norms (plain and with a residual) and rotary chose.
+    assert triton == 0 and message.startswith("of 3 impl='auto' choices")
+    assert "rmsnorm residual" in message and "rotary half-bhsd" in message
+    traced = "(traced; eager torch)" in message
+    assert traced == (candidate == "kernelbench-compile+auto")
+
+
+def test_a_layer_set_without_auto_reports_no_choices():
+    from kernelbench.ops import llama_step
+
+    op = get_op("llama-step")
+    case = llama_step.LlamaStepCase(op.get_candidate("kernelbench-eager").build(), op.workloads["llama-tiny"],
+                                    "cpu", "fwd+bwd")
+    case.prepare()
+    case.run()
+    assert case.auto_choices is None
+    assert [r[0] for r in case.extra_rows(1.0)] == ["tokens_per_s"]
+
+
 def test_a_candidate_can_fix_one_slots_impl(monkeypatch):
     from kernelbench.ops import llama_step
 

@@ -25,6 +25,7 @@ prints: each implementation's time and the choice.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -32,7 +33,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def clear_memory_cache() -> None:
     """Forget in-process answers (the file stays): the next call reads the file again."""
     _memory.clear()
     _choices.clear()
+    _traced.clear()
 
 
 @functools.cache
@@ -284,7 +286,42 @@ def choose_impl(
         choice = autoselect_report(candidates, tuple(shape), dtype, mode=mode, variant=variant,
                                    device=device_name)["choice"]
         _choices[key] = choice
+        _traced[op] = candidates.traced
+    for seen in _recorders:
+        seen[key] = choice
     return choice
+
+
+# Each op's ``Candidates.traced``, as its first eager call gave it (describe_choices reads it).
+_traced: dict[str, str | None] = {}
+# Open recordings (recording_choices): each collects the eager choices made while it is open.
+_recorders: list[dict[tuple, str]] = []
+
+
+@contextlib.contextmanager
+def recording_choices() -> Iterator[dict[tuple, str]]:
+    """Collects {(op, shape, dtype, device, mode, variant): choice} of every eager ``impl="auto"``
+    call made inside, answered from the cache or measured: what a model's step ran. A traced call
+    takes what the eager calls chose (:func:`compiled_choice`) and is not recorded here."""
+    seen: dict[tuple, str] = {}
+    _recorders.append(seen)
+    try:
+        yield seen
+    finally:
+        _recorders.remove(seen)
+
+
+def describe_choices(choices: dict[tuple, str], *, traced: bool = False) -> str:
+    """The choices on one line, ``rmsnorm residual 8192x896 bfloat16 fwd+bwd: torch; ...``;
+    ``traced``: as a compiled model runs them, where an op's traced calls take a fixed implementation."""
+    parts = []
+    for (op, shape, dtype, _device, mode, variant), choice in sorted(choices.items(), key=lambda kv: str(kv[0])):
+        dims = "x".join(str(int(d)) for d in shape)
+        name = f"{op} {variant}" if variant else op
+        fixed = _traced.get(op) if traced else None
+        shown = f"{fixed} (traced; eager {choice})" if fixed else choice
+        parts.append(f"{name} {dims} {str(dtype).removeprefix('torch.')} {mode}: {shown}")
+    return "; ".join(parts)
 
 
 def choices_made() -> dict[tuple, str]:

@@ -23,6 +23,7 @@ causal attention; the optimizer's work is not counted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -215,12 +216,17 @@ class LlamaStepCase:
         if spec.compile not in COMPILE_MODES:
             raise ValueError(f"llama-step: compile {spec.compile!r}; accepted: {', '.join(COMPILE_MODES)}")
         self._cudagraphs = spec.compile == "cudagraphs"
+        # What impl="auto" chose at this model's shapes, recorded on its first eager step (a
+        # choice is measured per process: reports name it so a figure can be reproduced).
+        self.auto_choices: dict[tuple, str] | None = None
+        self._records_choices = spec.layers == "kernelbench" and "auto" in impls.values()
         if spec.compile != "eager":
             if "auto" in impls.values():
                 # impl="auto" measures each layer's shapes on an eager call; the trace then reads
                 # those choices (kernelbench.nn.autoselect.compiled_choice).
                 self.set_step(0)
-                self._loss_and_logits(self.inputs, self.targets)[0].backward()
+                with self._recording():
+                    self._loss_and_logits(self.inputs, self.targets)[0].backward()
                 self.model.zero_grad(set_to_none=True)
             options = STATIC_LAUNCH_OPTIONS if spec.static_launch else None
             self.step = compile_step(self._loss_and_logits, device,
@@ -260,11 +266,27 @@ class LlamaStepCase:
 
             # Each call is a new training step: the graphs' outputs of the last one may be reused.
             torch.compiler.cudagraph_mark_step_begin()
-        loss, logits = self.step(self.inputs, self.targets)
-        loss.backward()
+        if self._records_choices and self.auto_choices is None:
+            with self._recording():
+                loss, logits = self.step(self.inputs, self.targets)
+                loss.backward()
+        else:
+            loss, logits = self.step(self.inputs, self.targets)
+            loss.backward()
         self.loss, self.logits = loss, logits
         if self.optimizer is not None:
             self._timed_optimizer_step()
+
+    @contextlib.contextmanager
+    def _recording(self):
+        from kernelbench.nn.autoselect import recording_choices
+
+        if not self._records_choices or self.auto_choices is not None:
+            yield
+            return
+        with recording_choices() as seen:
+            yield
+        self.auto_choices = seen
 
     def _timed_optimizer_step(self) -> None:
         import torch
@@ -318,6 +340,13 @@ class LlamaStepCase:
         """(metric, value, unit, message) rows beside the timing: throughput, the optimizer's
         share, peak memory (measured last: its extra step is not among the timed ones)."""
         rows = [tokens_per_s_row(_tokens(self.workload), median_ms)]
+        if self.auto_choices:
+            from kernelbench.nn.autoselect import describe_choices
+
+            triton = sum(choice == "triton" for choice in self.auto_choices.values())
+            compiled = self.spec.compile != "eager"
+            rows.append(("auto_triton_choices", triton, "", f"of {len(self.auto_choices)} impl='auto' choices "
+                         "(op, shape, mode) took Triton: " + describe_choices(self.auto_choices, traced=compiled)))
         if self.optimizer is not None:
             rows += self._optimizer_rows(median_ms)
         if self.device == "cuda":
