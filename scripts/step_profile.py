@@ -5,8 +5,12 @@ with the step's elapsed time beside the kernels' sum.
 
     python scripts/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
         [--compile] [--impl triton] [--steps 3] [--rounds 1] [--gaps 10] [--host 30]
+    python scripts/step_profile.py --candidates torch-compile kernelbench-compile+auto -w qwen2.5-0.5b-layer4
 
 ``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
+``--candidates``: ``llama-step`` candidates built as the harness builds them (their impl, fused
+head and loss, compile options) for the workload ``-w`` (a grid name or MODEL@BxS); --layers,
+--compile, --impl, --config, --batch and --seq are then not read.
 ``--gaps N``: where the GPU waits within the profiled steps, the N longest idle stretches between
 two kernels with the kernels on either side, and the CUDA runtime calls that took the host longest
 (a synchronising call there is what lets the GPU run dry).
@@ -22,7 +26,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kernelbench.models.llama import CONFIGS, Llama
-from kernelbench.ops.llama_step import StepSpec
+from kernelbench.nn.autoselect import describe_choices
+from kernelbench.ops import get_op
+from kernelbench.ops.llama_step import LlamaStepCase, StepSpec
 
 from common import emit, require_cuda
 
@@ -40,14 +46,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds, the layer sets alternated")
     parser.add_argument("--gaps", type=int, default=0, help="report the N longest GPU idle stretches")
     parser.add_argument("--host", type=int, default=0, help="report the N host events of most self time")
+    parser.add_argument("--candidates", nargs="+", help="llama-step candidates, as the harness builds them")
+    parser.add_argument("-w", "--workload", help="with --candidates: a grid name or MODEL@BxS")
     args = parser.parse_args()
     device = require_cuda("step_profile")
-    config = CONFIGS[args.config]
-    gen = torch.Generator(device=device).manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), generator=gen, device=device)
-    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     steps = args.steps
-    built = {layers: build_step(config, layers, args.impl, args.compile, inputs, targets) for layers in args.layers}
+    if args.candidates:
+        built = {name: build_candidate_step(name, args.workload or args.config) for name in args.candidates}
+    else:
+        config = CONFIGS[args.config]
+        gen = torch.Generator(device=device).manual_seed(0)
+        tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), generator=gen, device=device)
+        inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        built = {layers: build_step(config, layers, args.impl, args.compile, inputs, targets)
+                 for layers in args.layers}
     # Elapsed time per step: each layer set's `steps` steps back to back, the sets alternated
     # `--rounds` times so that clock drift hits them alike; the median round is kept.
     elapsed: dict[str, list[float]] = {layers: [] for layers in built}
@@ -61,7 +73,7 @@ def main() -> None:
             end.record()
             torch.cuda.synchronize()
             elapsed[layers].append(start.elapsed_time(end) / steps)
-    kind = "compiled" if args.compile else "eager"
+    kind = "as built" if args.candidates else "compiled" if args.compile else "eager"
     for layers, step in built.items():
         activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
         with profile(activities=activities) as prof:
@@ -77,7 +89,8 @@ def main() -> None:
         total = sum(v[0] for v in totals.values())
         rounds = sorted(elapsed[layers])
         median = rounds[len(rounds) // 2]
-        print(f"== layers={layers} impl={args.impl} ({kind}): {total:.2f} ms of kernels per step, "
+        label = layers if args.candidates else f"layers={layers} impl={args.impl}"
+        print(f"== {label} ({kind}): {total:.2f} ms of kernels per step, "
               f"{median:.2f} ms elapsed (median of {len(rounds)} rounds of {steps} steps: "
               f"{', '.join(f'{r:.2f}' for r in elapsed[layers])})")
         emit(layers=layers, compiled=args.compile, kernel_ms_per_step=round(total, 4),
@@ -90,6 +103,26 @@ def main() -> None:
             report_gaps(prof, steps, args.gaps, layers)
         if args.host:
             report_host(prof, steps, args.host, layers)
+
+
+def build_candidate_step(name: str, workload_name: str):
+    """One fwd+bwd step of a llama-step candidate, built and warmed up as the harness does."""
+    op = get_op("llama-step")
+    workload = op.workloads.get(workload_name) or op.custom_workload(workload_name)
+    if workload is None:
+        raise SystemExit(f"-w {workload_name}: not a grid name nor MODEL@BxS")
+    case = LlamaStepCase(op.get_candidate(name).build(), workload, "cuda", "fwd+bwd")
+
+    def step():
+        case.prepare()
+        case.run()
+
+    for _ in range(3):
+        step()
+    if case.auto_choices:
+        chosen = describe_choices(case.auto_choices, traced=case.spec.compile != "eager")
+        print(f"== {name}: impl='auto' chose {chosen}")
+    return step
 
 
 def build_step(config, layers: str, impl: str, compiled: bool, inputs, targets):
