@@ -90,7 +90,7 @@ def test_auto_dispatch_follows_the_choice(cache_dir):
 
 
 def test_recording_collects_every_choice_made_inside_cached_ones_too(cache_dir):
-    from kernelbench.nn.autoselect import describe_choices, recording_choices
+    from kernelbench.nn.autoselect import choices_as_run, describe_choices, recording_choices
     from kernelbench.nn.rotary import module as rotary_module
 
     autoselect_report("rmsnorm", (3, 40), torch.float32, mode="fwd", timer=FakeTimer({"triton": 1.0, "torch": 2.0}))
@@ -111,6 +111,8 @@ def test_recording_collects_every_choice_made_inside_cached_ones_too(cache_dir):
     assert "rotary half-bhsd 1x2x4x8x2x8 float32 fwd+bwd: torch (traced; eager torch)" in describe_choices(
         outer, traced=True)
     assert "rmsnorm 3x40 float32 fwd: triton;" in describe_choices(outer, traced=True)
+    assert choices_as_run({**outer, rotary_key: "triton"}, traced=True) == {rms_key: "triton", rotary_key: "torch"}
+    assert choices_as_run({rotary_key: "triton"}) == {rotary_key: "triton"}
 
 
 def test_cpu_without_timer_answers_torch_and_writes_nothing(cache_dir):

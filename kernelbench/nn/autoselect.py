@@ -47,7 +47,9 @@ CACHE_ENV = "KERNELBENCH_CACHE_DIR"
 CACHE_FILE = "autoselect.json"
 MODES = ("fwd", "fwd+bwd")
 IMPLEMENTATIONS = ("triton", "torch")
-WARMUP, REPS = 3, 10
+# 25 reps: with 10, a model's first step chose differently in one process of three
+# (results/2026-11-29-h200-autoselect-stability).
+WARMUP, REPS = 3, 25
 
 _memory: dict[str, dict] = {}
 _warned_no_triton = False
@@ -137,6 +139,9 @@ def cuda_event_timer(runners: dict[str, Callable[[], None]]) -> dict[str, float]
         for _ in range(WARMUP):
             run()
     timers = {name: RepTimer("cuda", reserve=REPS) for name in runners}
+    # From an idle GPU: inside a model's first step the queue holds the step's earlier kernels,
+    # and timing behind them measures how far that queue has drained, not the call.
+    torch.cuda.synchronize()
     for _ in range(REPS):
         for name, run in runners.items():
             timers[name](run)
@@ -309,6 +314,12 @@ def recording_choices() -> Iterator[dict[tuple, str]]:
         yield seen
     finally:
         _recorders.remove(seen)
+
+
+def choices_as_run(choices: dict[tuple, str], *, traced: bool = False) -> dict[tuple, str]:
+    """The implementation each recorded call runs: its choice, or, in a compiled model
+    (``traced``), the one its op's traced calls take where that is fixed."""
+    return {key: (_traced.get(key[0]) if traced else None) or choice for key, choice in choices.items()}
 
 
 def describe_choices(choices: dict[tuple, str], *, traced: bool = False) -> str:

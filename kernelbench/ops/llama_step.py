@@ -341,10 +341,10 @@ class LlamaStepCase:
         share, peak memory (measured last: its extra step is not among the timed ones)."""
         rows = [tokens_per_s_row(_tokens(self.workload), median_ms)]
         if self.auto_choices:
-            from kernelbench.nn.autoselect import describe_choices
+            from kernelbench.nn.autoselect import choices_as_run, describe_choices
 
-            triton = sum(choice == "triton" for choice in self.auto_choices.values())
             compiled = self.spec.compile != "eager"
+            triton = sum(impl == "triton" for impl in choices_as_run(self.auto_choices, traced=compiled).values())
             rows.append(("auto_triton_choices", triton, "", f"of {len(self.auto_choices)} impl='auto' choices "
                          "(op, shape, mode) took Triton: " + describe_choices(self.auto_choices, traced=compiled)))
         if self.optimizer is not None:
