@@ -51,3 +51,27 @@ def test_cuda_graph_candidates_pass_parity():
                      [parse_workload(WORKLOAD)], ["fwd+bwd", "train"])]
     summary = run_parity(plan, "cuda", rows, steps=2)
     assert summary.parity_checks == 4 and summary.parity_failures == 0, summary.failures
+
+
+def test_auto_candidates_name_the_choices_their_step_ran(tmp_path, monkeypatch):
+    from kernelbench.nn.autoselect import clear_memory_cache
+
+    monkeypatch.setenv("KERNELBENCH_CACHE_DIR", str(tmp_path))  # measured here, not read from a file
+    clear_memory_cache()
+    op = get_op("llama-step")
+    rows = Rows()
+    plan = [PlanItem(op, [op.get_candidate(c) for c in ("kernelbench-eager+auto", "kernelbench-compile+auto")],
+                     [parse_workload(WORKLOAD)], ["fwd+bwd"])]
+    summary = run_benchmarks(plan, "cuda", rows, timing=TimingConfig(warmup_ms=5, rep_ms=60), rounds=2)
+    assert summary.errors == 0, [r["message"] for r in rows if r["status"] == "error"]
+    by = {(r["candidate"], r["metric"]): r for r in rows}
+    eager, compiled = (by[(c, "auto_triton_choices")] for c in ("kernelbench-eager+auto", "kernelbench-compile+auto"))
+    for row in (eager, compiled):
+        assert row["message"].startswith("of 4 impl='auto' choices")  # two norms, rotary, SwiGLU
+        for op_name in ("rmsnorm 2x128x256", "rmsnorm residual 2x128x256", "rotary half-bhsd", "swiglu 2x128x512"):
+            assert op_name in row["message"]
+    # The compiled step runs rotary as torch's traced formula, whatever its eager calls chose.
+    assert "rotary half-bhsd 2x4x2x128x64x64 bfloat16 fwd+bwd: torch (traced; eager " in compiled["message"]
+    rotary_eager = "triton" if "rotary half-bhsd 2x4x2x128x64x64 bfloat16 fwd+bwd: triton" in eager["message"] else ""
+    assert compiled["value"] == eager["value"] - (1 if rotary_eager else 0)
+    clear_memory_cache()
