@@ -47,8 +47,8 @@ CACHE_ENV = "KERNELBENCH_CACHE_DIR"
 CACHE_FILE = "autoselect.json"
 MODES = ("fwd", "fwd+bwd")
 IMPLEMENTATIONS = ("triton", "torch")
-# 25 reps: with 10, a model's first step chose differently in one process of three
-# (results/2026-11-29-h200-autoselect-stability).
+# A choice is measured once per shape and process, then cached: 25 reps of a sub-millisecond call
+# cost little. What a choice still depends on: results/2026-11-29-h200-autoselect-stability.
 WARMUP, REPS = 3, 25
 
 _memory: dict[str, dict] = {}
@@ -139,8 +139,8 @@ def cuda_event_timer(runners: dict[str, Callable[[], None]]) -> dict[str, float]
         for _ in range(WARMUP):
             run()
     timers = {name: RepTimer("cuda", reserve=REPS) for name in runners}
-    # From an idle GPU: inside a model's first step the queue holds the step's earlier kernels,
-    # and timing behind them measures how far that queue has drained, not the call.
+    # From an idle GPU, as the call runs on its own: behind the queue of a model step's earlier
+    # kernels the first reps would time the GPU's work alone, the later ones the host's pace too.
     torch.cuda.synchronize()
     for _ in range(REPS):
         for name, run in runners.items():
