@@ -123,7 +123,10 @@ def forward(x2d: torch.Tensor, t1d: torch.Tensor, ignore_index: int, reduction: 
 
 
 def fwd_meta(cfg: XentConfig, dtype: torch.dtype) -> dict:
-    return dict(BLOCK_V=cfg.block_v, STAGES=cfg.num_stages, ACC=tl_acc(dtype), num_warps=cfg.num_warps)
+    # A group per thread's share of a chunk (at most): its max is found in registers.
+    group = min(_VALUES_PER_THREAD, cfg.block_v)
+    return dict(BLOCK_V=cfg.block_v, GROUP=group, STAGES=cfg.num_stages, ACC=tl_acc(dtype),
+                num_warps=cfg.num_warps)
 
 
 def reduce_meta(m: int, dtype: torch.dtype, reduction: str) -> dict:

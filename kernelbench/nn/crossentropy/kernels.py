@@ -10,9 +10,9 @@ g, the row's upstream gradient: grad_output[row] for reduction "none", grad_outp
 grad_output / n_valid for "mean", where n_valid (the rows not ignored) is counted on the device by
 the forward, so neither direction waits for the host.
 
-- ``_xent_fwd_kernel``: one row per program, read once in chunks of ``BLOCK_V``; per chunk one
-  max reduction, the sum of exp kept per lane and reduced once at the end; the target's logit is
-  loaded directly. Writes the row's loss and lse (saved for the backward). Ignored rows read
+- ``_xent_fwd_kernel``: one row per program, read once in chunks of ``BLOCK_V``; a running max
+  and sum of exp per group of ``GROUP`` adjacent logits, combined once at the end; the target's
+  logit is loaded directly. Writes the row's loss and lse (saved for the backward). Ignored rows read
   nothing.
 - ``_xent_reduce_kernel`` ("mean" / "sum"): one program sums the row losses and counts the valid
   targets in a fixed order, so the loss is the same bit for bit on every run.
@@ -37,6 +37,7 @@ def _xent_fwd_kernel(
     lse_ptr,  # (M,) logsumexp of each row, ACC (0 for ignored rows)
     V, ignore_index,
     BLOCK_V: tl.constexpr,
+    GROUP: tl.constexpr,  # adjacent logits that share a running max (divides BLOCK_V)
     STAGES: tl.constexpr,  # chunks in flight through shared memory (1: loads straight to registers)
     ACC: tl.constexpr,  # fp32; fp64 for fp64 logits
 ):
@@ -47,18 +48,23 @@ def _xent_fwd_kernel(
         # The target's logit first: its load's latency hides under the row's.
         in_range = (target >= 0) & (target < V)
         x_t = tl.load(x_row + target, mask=in_range, other=float("nan")).to(ACC)
-        cols = tl.arange(0, BLOCK_V)
-        m = tl.full([], float("-inf"), ACC)
-        s = tl.zeros([BLOCK_V], ACC)
+        # A chunk as (BLOCK_V / GROUP) groups of GROUP adjacent logits, each group with its own
+        # running max and sum of exp: a group's max is a reduction within a thread or two lanes,
+        # so no chunk waits on a reduction across the program's warps; one per row at the end.
+        cols = tl.arange(0, BLOCK_V // GROUP)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        m = tl.full([BLOCK_V // GROUP], float("-inf"), ACC)
+        s = tl.zeros([BLOCK_V // GROUP], ACC)
         for start in tl.range(0, V, BLOCK_V, num_stages=STAGES):
             offs = start + cols
             x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(ACC)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            # A row starting with -inf chunks keeps m = -inf: shift by 0 there, not by -inf (NaN).
+            m_new = tl.maximum(m, tl.max(x, axis=1))
+            # A group of -inf only (so far) keeps m = -inf: shift by 0 there, not by -inf (NaN).
             shift = tl.where(m_new == float("-inf"), 0.0, m_new).to(ACC)
-            s = s * tl.exp(m - shift) + tl.exp(x - shift)
+            s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
             m = m_new
-        lse = tl.where(m == float("-inf"), 0.0, m).to(ACC) + tl.log(tl.sum(s, axis=0))
+        m_row = tl.max(m, axis=0)
+        shift_row = tl.where(m_row == float("-inf"), 0.0, m_row).to(ACC)
+        lse = shift_row + tl.log(tl.sum(s * tl.exp(m - shift_row), axis=0))
         tl.store(loss_ptr + row, lse - x_t)
         tl.store(lse_ptr + row, lse)
     else:
