@@ -266,8 +266,8 @@ class LlamaStepCase:
 
             # Each call is a new training step: the graphs' outputs of the last one may be reused.
             torch.compiler.cudagraph_mark_step_begin()
-        if self._records_choices and self.auto_choices is None:
-            with self._recording():
+        if self._records_choices and self.auto_choices is None:  # the first step only: no context
+            with self._recording():                                  # manager on the timed steps
                 loss, logits = self.step(self.inputs, self.targets)
                 loss.backward()
         else:
