@@ -22,10 +22,11 @@ REDUCTIONS = ("mean", "sum", "none")
 # Widest chunk a program holds: at 16 warps, 16 values a thread (two 16-byte bf16 vectors).
 _MAX_BLOCK_V = 8192
 _VALUES_PER_THREAD = 16
-# The forward keeps a lane's sum of exp besides the chunk (two programs of 16 warps per SM by
-# registers): two more chunks in flight through shared memory keep the loads going while a
-# program reduces. The backward, with half the registers, fits twice the programs instead.
-_FWD_STAGES = 3
+# The forward waits on no reduction across its warps until a row's end, so more programs of 8
+# warps and no software pipelining keep the loads going best: 4096 / 8 / 1 was fastest of 12
+# launches at 32k and 128k columns (results/2026-11-29-h200-xent-fwd-groups).
+_FWD_MAX_BLOCK_V = 4096
+_FWD_STAGES = 1
 _BWD_STAGES = 1
 # The reduction over rows: 4096 rows a step at 16 warps (8 values a thread).
 _REDUCE_BLOCK_M = 4096
@@ -50,17 +51,16 @@ class XentConfig:
             raise ValueError(f"cross_entropy XentConfig: num_stages must be 1 to 4, got {self.num_stages}")
 
 
-def _chunk(v: int) -> tuple[int, int]:
-    block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(v))
+def _chunk(v: int, max_block_v: int = _MAX_BLOCK_V) -> tuple[int, int]:
+    block_v = min(max_block_v, triton.next_power_of_2(v))
     return block_v, max(1, min(16, block_v // (32 * _VALUES_PER_THREAD)))
 
 
 @functools.cache
 def fwd_config(v: int) -> XentConfig:
     """The forward's default launch for rows of V logits."""
-    block_v, warps = _chunk(v)
-    # Pipelining only pays when a row has chunks to overlap.
-    return XentConfig(block_v, warps, _FWD_STAGES if v > block_v else 1)
+    block_v, warps = _chunk(v, _FWD_MAX_BLOCK_V)
+    return XentConfig(block_v, warps, _FWD_STAGES)
 
 
 @functools.cache
