@@ -246,6 +246,10 @@ def run(
         help=_timing_help("rep_ms", "Timed time per candidate over all rounds, ms"))] = None,
     rounds: Annotated[int | None, typer.Option(
         help=_timing_help("rounds", "Interleaved rounds (A B A B ...) per workload"))] = None,
+    settle_ms: Annotated[float | None, typer.Option(
+        help=_timing_help("settle_ms", "Untimed interleaved rounds before the timed ones until the candidates "
+                                       "have run this long, ms: for steps that hold the GPU at its power cap, "
+                                       "whose first second or two from idle run faster, then slower"))] = None,
     no_flush_l2: Annotated[bool, typer.Option("--no-flush-l2",
                                               help="Keep L2 warm between reps (the report says so).")] = False,
     parity_steps: Annotated[int | None, typer.Option(help="With an op: also check parity over this many optimizer "
@@ -277,8 +281,8 @@ def run(
     """Benchmark an op's candidates (or a suite) and write a report folder.
 
     Without an op: the suite given by --config, else configs/ci.toml on a CUDA machine and
-    configs/quick.toml without one. Timing options (--rounds, --rep-ms, --warmup-ms, --cuda-graph,
-    --no-flush-l2) override the suite's; options that choose what runs (-c, -w, -m, --state,
+    configs/quick.toml without one. Timing options (--rounds, --rep-ms, --warmup-ms, --settle-ms,
+    --cuda-graph, --no-flush-l2) override the suite's; options that choose what runs (-c, -w, -m, --state,
     --telemetry, --parity-steps, --sweep) need an op. -w also takes a workload written as a shape
     (16384x4096:bf16) or, for optimizer ops, model:NAME or a parameter-list file (list --workloads
     says which op takes what). `dist-adamw` is multi-process:
@@ -295,7 +299,8 @@ def run(
     options = RunOptions(
         op=op, config=config, candidates=candidate, workloads=workload, modes=mode, state=state,
         cuda_graph=cuda_graph or None, warmup_ms=warmup_ms, rep_ms=rep_ms, rounds=rounds,
-        flush_l2=False if no_flush_l2 else None, parity_steps=parity_steps, telemetry=telemetry or None,
+        settle_ms=settle_ms, flush_l2=False if no_flush_l2 else None, parity_steps=parity_steps,
+        telemetry=telemetry or None,
         seed=seed, parity_detail=parity_detail, sweep=sweep, plugins=plugin, device=device, output_dir=output_dir,
         lock_clocks=lock_clocks or None,
         op_options={flag: value for flag, value in launched.items() if value is not None})

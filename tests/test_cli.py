@@ -62,6 +62,17 @@ def test_run_writes_the_report_files(tmp_path):
     assert "## Speed" in (out / "summary.md").read_text()
 
 
+def test_settle_ms_runs_untimed_rounds_first_and_is_recorded(tmp_path):
+    out = tmp_path / "r"
+    result = invoke("run", "adamw", "--device", "cpu", "-w", "tiny", "-c", "torch-forloop", "--rep-ms", "5",
+                    "--warmup-ms", "1", "--settle-ms", "5", "--output-dir", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["settings"]["settle_ms"] == 5
+    rows = pd.read_csv(out / "results.csv")
+    median = rows[(rows.metric == "time_median_ms") & (rows.candidate == "torch-forloop")].iloc[0]
+    assert median.status == "ok" and "untimed settling rounds" in median.message
+
+
 def test_parity_exit_code_1_when_a_check_fails(tmp_path):
     # torch's fused AdamW differs from the for-loop one by rounding: zero tolerance fails it.
     result = invoke(

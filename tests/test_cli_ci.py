@@ -291,6 +291,7 @@ def test_dist_adamw_defaults_to_a_cpu_workload_on_cpu_ranks():
         (("run", "adamw", "--rep-ms", "-1"), "--rep-ms -1: must be greater than 0"),
         (("run", "adamw", "--rep-ms", "0"), "--rep-ms 0: must be greater than 0"),
         (("run", "adamw", "--warmup-ms", "-1"), "--warmup-ms -1: must be at least 0"),
+        (("run", "adamw", "--settle-ms", "-5"), "--settle-ms -5: must be at least 0"),
         (("parity", "adamw", "--atol", "-1"), "--atol -1: must be at least 0"),
         (("compare", ".", ".", "--threshold", "-1"), "--threshold -1: must be at least 0"),
         (("run", "dist-adamw", "--bucket-mb", "-1"), "--bucket-mb -1: must be greater than 0"),

@@ -131,3 +131,89 @@ def test_rows_take_only_the_named_statuses_and_keep_the_csv_column_order():
     assert tuple(row.as_dict()) == ROW_FIELDS and row.as_dict()["status"] == "ok"
     with pytest.raises(ValueError, match="row status 'fine'"):
         Row("adamw", "tiny", "step", "triton", "time_median_ms", status="fine")
+
+
+# -- settling: untimed interleaved rounds before the timed ones ----------------------------------
+@pytest.fixture
+def pair_op():
+    """Two candidates; "flaky" raises from its fourth call on (its first is the harness's setup)."""
+    op = FunctionOp(
+        "scratch-pair",
+        doc="x * 2",
+        workloads=[Workload("w", "cpu", {"n": 8}, seed=1)],
+        make_inputs=lambda w, device, gen: {"x": torch.randn(w.spec["n"], generator=gen, device=device)},
+        reference=lambda x: x * 2,
+        outputs=("y",),
+    )
+    calls = {"flaky": 0}
+
+    @op.candidate("steady")
+    def steady():
+        return lambda x: x + x
+
+    @op.candidate("flaky")
+    def flaky():
+        def fn(x):
+            calls["flaky"] += 1
+            if calls["flaky"] >= 4:
+                raise RuntimeError("clock fell over")
+            return x + x
+        return fn
+
+    yield op
+    del REGISTRY[op.name]
+
+
+def _fake_timer(monkeypatch, log):
+    """Every timed round of any candidate: one call, reported as 5 reps of 2 ms (10 ms a round)."""
+    from kernelbench.harness import runner
+    from kernelbench.harness.timing import Sample
+
+    def timer(fn, prepare, config):
+        prepare()
+        fn()
+        log.append(fn)
+        return Sample([2.0] * 5, "fake clock", 0.0)
+
+    monkeypatch.setattr(runner, "time_cpu", timer)
+
+
+def _median_rows(sink):
+    return {r["candidate"]: r for r in sink.rows if r["metric"] == "time_median_ms"}
+
+
+def test_settling_runs_untimed_rounds_until_the_candidates_have_run_that_long(monkeypatch, pair_op):
+    log = []
+    _fake_timer(monkeypatch, log)
+    steady = pair_op.get_candidate("steady")
+    sink = ListSink()
+    # 10 ms a round: 25 ms of settling takes three rounds (10, 20, then 30 ms).
+    run_benchmarks([PlanItem(pair_op, [steady], pair_op.workloads.values(), ["fwd"])], "cpu", sink,
+                   timing=TimingConfig(warmup_ms=1, rep_ms=3, min_reps=2, settle_ms=25), rounds=3)
+    assert len(log) == 3 + 3  # the settling rounds, then the timed ones
+    row = _median_rows(sink)["steady"]
+    assert row["status"] == "ok" and "after 3 untimed settling rounds" in row["message"]
+    reps = [r for r in sink.rows if r["metric"] == "reps"]
+    assert reps and all(r["value"] == 15 for r in reps)  # 3 timed rounds of 5: none of the settling ones
+
+
+def test_without_settling_only_the_timed_rounds_run(monkeypatch, pair_op):
+    log = []
+    _fake_timer(monkeypatch, log)
+    steady = pair_op.get_candidate("steady")
+    sink = ListSink()
+    run_benchmarks([PlanItem(pair_op, [steady], pair_op.workloads.values(), ["fwd"])], "cpu", sink,
+                   timing=TimingConfig(warmup_ms=1, rep_ms=3, min_reps=2), rounds=3)
+    assert len(log) == 3 and "settling" not in _median_rows(sink)["steady"]["message"]
+
+
+def test_a_candidate_failing_while_settling_gets_its_error_row_and_the_other_is_timed(monkeypatch, pair_op):
+    log = []
+    _fake_timer(monkeypatch, log)
+    sink = ListSink()
+    run_benchmarks([PlanItem(pair_op, [pair_op.get_candidate("steady"), pair_op.get_candidate("flaky")],
+                             pair_op.workloads.values(), ["fwd"])], "cpu", sink,
+                   timing=TimingConfig(warmup_ms=1, rep_ms=3, min_reps=2, settle_ms=1000), rounds=2)
+    rows = _median_rows(sink)
+    assert rows["flaky"]["status"] == "error" and "clock fell over" in rows["flaky"]["message"]
+    assert rows["steady"]["status"] == "ok" and rows["steady"]["value"] == pytest.approx(2.0)

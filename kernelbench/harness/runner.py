@@ -215,6 +215,15 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
         {name: [] for name in cases} if workload.spec.get("host_timing") else None)
     checked = [name for name, case in cases.items() if getattr(case, "pure", False) and op.get_candidate(name).parity]
     check = _OutputCheck(op, workload, mode, device, rounds) if checked else None
+
+    def drop(name: str, exc: Exception) -> None:
+        """One failing candidate: its error row; the others go on."""
+        summary.errors += 1
+        emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
+        del cases[name], rounds_of[name], host[name]
+        _free_memory()
+
+    settled = _settle(cases, runs, timer, per_round, timing.settle_ms, drop)
     for round_index in range(rounds):
         if check is not None:
             check.next_round(round_index)
@@ -231,10 +240,7 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                 if check is not None and name in checked:
                     check.after_round(name, case, round_index)
             except Exception as exc:
-                summary.errors += 1
-                emit(_row(op, workload, mode, name, "time_median_ms", None, "ms", ERROR, _error_message(exc)))
-                del cases[name], rounds_of[name], host[name]
-                _free_memory()
+                drop(name, exc)
                 continue
             if per_call is not None and isinstance(per_call[name], list):
                 try:
@@ -242,6 +248,8 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
                 except Exception as exc:  # the device rows stand; the host row says what failed
                     per_call[name] = _error_message(exc)
 
+    if settled:
+        modes = {name: f"{label}, after {settled} untimed settling rounds" for name, label in modes.items()}
     stats = {name: summarize([t for times, _ in rounds_of[name] for t in times], modes[name]) for name in cases}
     for name, case in cases.items():
         cand = op.get_candidate(name)
@@ -290,6 +298,27 @@ def _bench_group(op: Op, candidates: list[Candidate], workload: Workload, mode: 
             summary.errors += 1
             emit(_row(op, workload, mode, name, "peak_mem_delta_bytes", None, "B", ERROR, _error_message(exc)))
     cases.clear()
+
+
+# A bound on settling rounds, for calls that take (or a timer that reports) no time.
+MAX_SETTLE_ROUNDS = 100
+
+
+def _settle(cases: dict, runs: dict[str, Callable[[], None]], timer: Callable, per_round: TimingConfig,
+            settle_ms: float, drop: Callable[[str, Exception], None]) -> int:
+    """Untimed rounds, interleaved as the timed ones, until the candidates have run ``settle_ms``
+    between them; returns how many. From idle, a GPU at its power cap runs its first second or two
+    faster, then slower: timed at once, that favours the first candidate of the first rounds and
+    penalises the next (results/2026-11-29-2xh200-grid-settle)."""
+    spent, done = 0.0, 0
+    while cases and spent < settle_ms and done < MAX_SETTLE_ROUNDS:
+        done += 1
+        for name in list(cases):
+            try:
+                spent += sum(timer(runs[name], cases[name].prepare, per_round).times)
+            except Exception as exc:
+                drop(name, exc)
+    return done
 
 
 _TIME_METRICS = ("time_median_ms", "gbps", "pct_copy_bw", "tflops", "pct_matmul", "ratio_vs_anchor",

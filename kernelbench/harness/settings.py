@@ -16,7 +16,10 @@ class TimingConfig:
     """warmup_ms: warm-up time per candidate and round; rep_ms: timed time per candidate over
     all rounds; rounds: interleaved rounds (A B A B ...) per workload; reps per candidate are kept
     within [min_reps, max_reps] over all rounds; flush_l2: a cold L2 before each rep (CUDA);
-    cuda_graph: time replays of a CUDA graph."""
+    cuda_graph: time replays of a CUDA graph; settle_ms: untimed interleaved rounds before the
+    timed ones, until the candidates have run this long (a GPU at its power cap runs its first
+    second or two after idle faster, then slower: without settling, that lands on whichever
+    candidate comes first)."""
 
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
@@ -25,6 +28,7 @@ class TimingConfig:
     max_reps: int = 1000
     flush_l2: bool = True
     cuda_graph: bool = False
+    settle_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -62,6 +66,7 @@ USER_SETTINGS: dict[str, Setting] = {
     "rounds": Setting(int, Bound(1)),
     "cuda_graph": Setting(bool),
     "flush_l2": Setting(bool),
+    "settle_ms": Setting((int, float), Bound(0)),
 }
 PARITY_STEPS = 10  # optimizer steps / input draws a parity check compares by default
 PARITY_STEPS_BOUND = Bound(1)

@@ -154,6 +154,7 @@ class RunOptions:
     rep_ms: float | None = _flag("--rep-ms")
     rounds: int | None = _flag("--rounds")
     flush_l2: bool | None = _flag("--no-flush-l2")
+    settle_ms: float | None = _flag("--settle-ms")
     parity_steps: int | None = _flag("--parity-steps")
     telemetry: bool | None = _flag("--telemetry")
     seed: int | None = _flag("--seed")
