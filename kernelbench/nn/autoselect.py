@@ -316,10 +316,16 @@ def recording_choices() -> Iterator[dict[tuple, str]]:
         _recorders.remove(seen)
 
 
+def _fixed_when_traced(op: str, traced: bool) -> str | None:
+    """The implementation ``op``'s calls take in a compiled model (``traced``) whatever their
+    eager choice, or None."""
+    return _traced.get(op) if traced else None
+
+
 def choices_as_run(choices: dict[tuple, str], *, traced: bool = False) -> dict[tuple, str]:
     """The implementation each recorded call runs: its choice, or, in a compiled model
     (``traced``), the one its op's traced calls take where that is fixed."""
-    return {key: (_traced.get(key[0]) if traced else None) or choice for key, choice in choices.items()}
+    return {key: _fixed_when_traced(key[0], traced) or choice for key, choice in choices.items()}
 
 
 def describe_choices(choices: dict[tuple, str], *, traced: bool = False) -> str:
@@ -329,7 +335,7 @@ def describe_choices(choices: dict[tuple, str], *, traced: bool = False) -> str:
     for (op, shape, dtype, _device, mode, variant), choice in sorted(choices.items(), key=lambda kv: str(kv[0])):
         dims = "x".join(str(int(d)) for d in shape)
         name = f"{op} {variant}" if variant else op
-        fixed = _traced.get(op) if traced else None
+        fixed = _fixed_when_traced(op, traced)
         shown = f"{fixed} (traced; eager {choice})" if fixed else choice
         parts.append(f"{name} {dims} {str(dtype).removeprefix('torch.')} {mode}: {shown}")
     return "; ".join(parts)
