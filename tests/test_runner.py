@@ -14,17 +14,22 @@ from kernelbench.report.writer import ReportWriter
 FAST = TimingConfig(warmup_ms=1, rep_ms=3, min_reps=2)
 
 
-@pytest.fixture
-def scratch_op():
-    """A throwaway op with a good, a raising and an out-of-memory candidate."""
-    op = FunctionOp(
-        "scratch-double",
+def _doubling_op(name: str, n: int, seed: int) -> FunctionOp:
+    """A throwaway op, x * 2 over n elements, for its candidates to be added to."""
+    return FunctionOp(
+        name,
         doc="x * 2",
-        workloads=[Workload("w", "cpu", {"n": 64}, seed=5)],
+        workloads=[Workload("w", "cpu", {"n": n}, seed=seed)],
         make_inputs=lambda w, device, gen: {"x": torch.randn(w.spec["n"], generator=gen, device=device)},
         reference=lambda x: x * 2,
         outputs=("y",),
     )
+
+
+@pytest.fixture
+def scratch_op():
+    """A throwaway op with a good, a raising and an out-of-memory candidate."""
+    op = _doubling_op("scratch-double", 64, 5)
 
     @op.candidate("good")
     def good():
@@ -137,14 +142,7 @@ def test_rows_take_only_the_named_statuses_and_keep_the_csv_column_order():
 @pytest.fixture
 def pair_op():
     """Two candidates; "flaky" raises from its fourth call on (its first is the harness's setup)."""
-    op = FunctionOp(
-        "scratch-pair",
-        doc="x * 2",
-        workloads=[Workload("w", "cpu", {"n": 8}, seed=1)],
-        make_inputs=lambda w, device, gen: {"x": torch.randn(w.spec["n"], generator=gen, device=device)},
-        reference=lambda x: x * 2,
-        outputs=("y",),
-    )
+    op = _doubling_op("scratch-pair", 8, 1)
     calls = {"flaky": 0}
 
     @op.candidate("steady")
