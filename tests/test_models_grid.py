@@ -233,14 +233,16 @@ def test_static_launch_candidate_passes_inductor_its_option(monkeypatch):
     assert calls[1] == {"fullgraph": True, "backend": "aot_eager"}
 
 
-def test_compiled_auto_candidate_measures_its_shapes_eagerly_before_compiling(monkeypatch):
+@pytest.mark.parametrize(("candidate", "compile_mode"), [("kernelbench-compile+auto", "compile"),
+                                                          ("kernelbench-cudagraphs+auto", "cudagraphs")])
+def test_compiled_auto_candidate_measures_its_shapes_eagerly_before_compiling(monkeypatch, candidate, compile_mode):
     from kernelbench.nn.autoselect import choices_made, clear_memory_cache
     from kernelbench.ops import llama_step
 
     op = get_op("llama-step")
-    spec = op.get_candidate("kernelbench-compile+auto").build()
-    assert (spec.impl, spec.compile, spec.fused_head_loss) == ("auto", "compile", "auto")
-    assert op.anchor_for("kernelbench-compile+auto") == "torch-compile"
+    spec = op.get_candidate(candidate).build()
+    assert (spec.impl, spec.compile, spec.fused_head_loss) == ("auto", compile_mode, "auto")
+    assert op.anchor_for(candidate) == {"compile": "torch-compile", "cudagraphs": "torch-cudagraphs"}[compile_mode]
     clear_memory_cache()
     seen: list[set] = []
 

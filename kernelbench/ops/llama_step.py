@@ -467,6 +467,13 @@ def kernelbench_cudagraphs():
     return StepSpec("kernelbench", compile="cudagraphs")
 
 
+@llama_step.candidate("kernelbench-cudagraphs+auto", requires=Requires(cuda=True, triton=True))
+def kernelbench_cudagraphs_auto():
+    """kernelbench layers at the library's defaults (impl="auto", fused_head_loss="auto"), the step
+    under torch.compile(mode="reduce-overhead")."""
+    return StepSpec("kernelbench", compile="cudagraphs", impl="auto", fused_head_loss="auto")
+
+
 @llama_step.candidate("kernelbench-eager+fused-loss", requires=Requires(triton=True))
 def kernelbench_eager_fused_loss():
     """kernelbench layers eager; the output head and loss as one chunked linear + cross-entropy."""
