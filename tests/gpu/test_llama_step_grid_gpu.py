@@ -53,6 +53,18 @@ def test_cuda_graph_candidates_pass_parity():
     assert summary.parity_checks == 4 and summary.parity_failures == 0, summary.failures
 
 
+def test_cuda_graphs_at_the_layers_defaults_fuse_the_loss_and_pass_parity():
+    from kernelbench.nn.linear_crossentropy import fusing_pays
+
+    op = get_op("llama-step")
+    workload = parse_workload("hidden=256,layers=1,heads=4,kv_heads=2,intermediate=512,vocab=32768@8x1024:bf16")
+    assert fusing_pays(8 * 1024, 32768)  # the head and loss run as one op, captured in the graph
+    rows = Rows()
+    plan = [PlanItem(op, [op.get_candidate("kernelbench-cudagraphs+auto")], [workload], ["fwd+bwd"])]
+    summary = run_parity(plan, "cuda", rows, steps=2)
+    assert summary.parity_checks == 1 and summary.parity_failures == 0, summary.failures
+
+
 def test_auto_candidates_name_the_choices_their_step_ran(tmp_path, monkeypatch):
     from kernelbench.nn.autoselect import clear_memory_cache
 
