@@ -89,7 +89,7 @@ def main() -> None:
         print("\n".join("   " + line for line in text.getvalue().splitlines() if line.strip()))
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
-            (args.dump / f"{name}.txt").write_text(tree)
+            (args.dump / f"{name.replace('+', '_')}.txt").write_text(tree)
 
 
 if __name__ == "__main__":
