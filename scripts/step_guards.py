@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import dis
 import io
 import pstats
 import re
@@ -86,6 +87,26 @@ def main() -> None:
         profiler.disable()
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(6)
+        print("\n".join("   " + line for line in text.getvalue().splitlines() if line.strip()))
+        code = entries[passing[0]].code
+        instructions = list(dis.get_instructions(code))
+        effects = ("STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR", "STORE_GLOBAL")
+        stores = [f"{i.opname} {i.argrepr}" for i in instructions if i.opname in effects]
+        print(f"   the compiled frame: {len(instructions)} instructions, "
+              f"{sum(i.opname.startswith('CALL') for i in instructions)} calls; side effects replayed: "
+              + (", ".join(stores) if stores else "none"))
+        forward = cProfile.Profile()
+        for _ in range(200):
+            case.prepare()
+            if case._cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            forward.enable()
+            loss, _ = case.step(case.inputs, case.targets)
+            forward.disable()
+            loss.backward()
+        text = io.StringIO()
+        pstats.Stats(forward, stream=text).sort_stats("tottime").print_stats(14)
+        print("   the forward call, 200 calls under cProfile:")
         print("\n".join("   " + line for line in text.getvalue().splitlines() if line.strip()))
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
