@@ -1,16 +1,12 @@
-"""Where a Llama training step's GPU time goes: torch.profiler over fwd+bwd of the
-``llama-step`` model, per layer set, eager or (``--compile``) under torch.compile(fullgraph=True)
-as ``llama-step``'s compiled candidates run it, kernels grouped by name (top N by total CUDA time),
-with the step's elapsed time beside the kernels' sum.
+"""Where a Llama training step's GPU time goes: torch.profiler over fwd+bwd of ``llama-step``
+candidates, each built as the harness builds it (its layers, impl, fused head and loss, compile
+mode and options), kernels grouped by name (top N by total CUDA time), with the step's elapsed
+time beside the kernels' sum.
 
-    python scripts/step_profile.py [--config llama-1b-layer4] [--layers torch kernelbench] [--top 25]
-        [--compile] [--impl triton] [--steps 3] [--rounds 1] [--gaps 10] [--host 30]
-    python scripts/step_profile.py --candidates torch-compile kernelbench-compile+auto -w qwen2.5-0.5b-layer4
+    python scripts/step_profile.py --candidates torch-compile kernelbench-compile+auto -w qwen2.5-0.5b-layer4 \
+        [--top 25] [--steps 3] [--rounds 1] [--gaps 10] [--host 30]
 
-``--impl`` is kernelbench's layers' ``impl``; its default is the one ``llama-step``'s candidates use.
-``--candidates``: ``llama-step`` candidates built as the harness builds them (their impl, fused
-head and loss, compile options) for the workload ``-w`` (a grid name or MODEL@BxS); --layers,
---compile, --impl, --config, --batch and --seq are then not read.
+``-w``: a grid name or MODEL@BxS (default llama-1b-layer4).
 ``--gaps N``: where the GPU waits within the profiled steps, the N longest idle stretches between
 two kernels with the kernels on either side, and the CUDA runtime calls that took the host longest
 (a synchronising call there is what lets the GPU run dry).
@@ -25,46 +21,31 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kernelbench.models.llama import CONFIGS, Llama
 from kernelbench.nn.autoselect import describe_choices
 from kernelbench.ops import get_op
-from kernelbench.ops.llama_step import LlamaStepCase, StepSpec
+from kernelbench.ops.llama_step import LlamaStepCase
 
 from common import emit, require_cuda
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", default="llama-1b-layer4")
-    parser.add_argument("--layers", nargs="+", default=["torch", "kernelbench"])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--candidates", nargs="+", required=True, help="llama-step candidates")
+    parser.add_argument("-w", "--workload", default="llama-1b-layer4", help="a grid name or MODEL@BxS")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--compile", action="store_true", help="the step under torch.compile(fullgraph=True)")
-    parser.add_argument("--impl", default=StepSpec("kernelbench").impl, choices=("auto", "triton", "torch"))
     parser.add_argument("--steps", type=int, default=3, help="steps profiled, and per timed round")
-    parser.add_argument("--rounds", type=int, default=1, help="timed rounds, the layer sets alternated")
+    parser.add_argument("--rounds", type=int, default=1, help="timed rounds, the candidates alternated")
     parser.add_argument("--gaps", type=int, default=0, help="report the N longest GPU idle stretches")
     parser.add_argument("--host", type=int, default=0, help="report the N host events of most self time")
-    parser.add_argument("--candidates", nargs="+", help="llama-step candidates, as the harness builds them")
-    parser.add_argument("-w", "--workload", help="with --candidates: a grid name or MODEL@BxS")
     args = parser.parse_args()
-    device = require_cuda("step_profile")
+    require_cuda("step_profile")
     steps = args.steps
-    if args.candidates:
-        built = {name: build_candidate_step(name, args.workload or args.config) for name in args.candidates}
-    else:
-        config = CONFIGS[args.config]
-        gen = torch.Generator(device=device).manual_seed(0)
-        tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), generator=gen, device=device)
-        inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        built = {layers: build_step(config, layers, args.impl, args.compile, inputs, targets)
-                 for layers in args.layers}
-    # Elapsed time per step: each layer set's `steps` steps back to back, the sets alternated
+    built = {name: build_candidate_step(name, args.workload) for name in args.candidates}
+    # Elapsed time per step: each candidate's `steps` steps back to back, the candidates alternated
     # `--rounds` times so that clock drift hits them alike; the median round is kept.
-    elapsed: dict[str, list[float]] = {layers: [] for layers in built}
+    elapsed: dict[str, list[float]] = {name: [] for name in built}
     for _ in range(args.rounds):
-        for layers, step in built.items():
+        for name, step in built.items():
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -72,9 +53,8 @@ def main() -> None:
                 step()
             end.record()
             torch.cuda.synchronize()
-            elapsed[layers].append(start.elapsed_time(end) / steps)
-    kind = "as built" if args.candidates else "compiled" if args.compile else "eager"
-    for layers, step in built.items():
+            elapsed[name].append(start.elapsed_time(end) / steps)
+    for name, step in built.items():
         activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
         with profile(activities=activities) as prof:
             for _ in range(steps):
@@ -87,22 +67,21 @@ def main() -> None:
                 entry[0] += evt.device_time / steps / 1e3  # ms per step
                 entry[1] += 1 / steps
         total = sum(v[0] for v in totals.values())
-        rounds = sorted(elapsed[layers])
+        rounds = sorted(elapsed[name])
         median = rounds[len(rounds) // 2]
-        label = layers if args.candidates else f"layers={layers} impl={args.impl}"
-        print(f"== {label} ({kind}): {total:.2f} ms of kernels per step, "
+        print(f"== {name}: {total:.2f} ms of kernels per step, "
               f"{median:.2f} ms elapsed (median of {len(rounds)} rounds of {steps} steps: "
-              f"{', '.join(f'{r:.2f}' for r in elapsed[layers])})")
-        emit(layers=layers, compiled=args.compile, kernel_ms_per_step=round(total, 4),
-             elapsed_ms_per_step=round(median, 4), elapsed_rounds=[round(r, 4) for r in elapsed[layers]])
+              f"{', '.join(f'{r:.2f}' for r in elapsed[name])})")
+        emit(name=name, kernel_ms_per_step=round(total, 4),
+             elapsed_ms_per_step=round(median, 4), elapsed_rounds=[round(r, 4) for r in elapsed[name]])
         for name, (ms, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
             print(f"{ms:8.3f} ms {count:5.0f}x  {name}")
-            emit(layers=layers, compiled=args.compile, kernel=name, ms_per_step=round(ms, 4),
+            emit(name=name, kernel=name, ms_per_step=round(ms, 4),
                  calls_per_step=round(count, 1))
         if args.gaps:
-            report_gaps(prof, steps, args.gaps, layers)
+            report_gaps(prof, steps, args.gaps, name)
         if args.host:
-            report_host(prof, steps, args.host, layers)
+            report_host(prof, steps, args.host, name)
 
 
 def build_candidate_step(name: str, workload_name: str):
@@ -125,31 +104,7 @@ def build_candidate_step(name: str, workload_name: str):
     return step
 
 
-def build_step(config, layers: str, impl: str, compiled: bool, inputs, targets):
-    """One fwd+bwd step of a fresh model with these layers, warmed up (and compiled)."""
-    torch.manual_seed(0)
-    model = Llama(config, layers=layers, impl=impl).to(inputs.device, torch.bfloat16)
-
-    def loss_and_logits():  # what llama-step times: the logits stay alive
-        logits = model(inputs)
-        return model.layer_set.loss(logits, targets), logits
-
-    forward = loss_and_logits
-    if compiled:
-        if impl == "auto":
-            loss_and_logits()[0].backward()  # an eager step first: impl="auto" measures its shapes
-        forward = torch.compile(loss_and_logits, fullgraph=True)
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        forward()[0].backward()
-
-    for _ in range(3):
-        step()
-    return step
-
-
-def report_gaps(prof, steps: int, top: int, layers: str) -> None:
+def report_gaps(prof, steps: int, top: int, name: str) -> None:
     """The GPU's idle time between consecutive device events (the profiled steps start from an idle GPU),
     the longest stretches with their neighbours, and the host's costliest CUDA runtime calls."""
     device = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
@@ -163,7 +118,7 @@ def report_gaps(prof, steps: int, top: int, layers: str) -> None:
             gaps.append((idle, before.name[:50], after.name[:50]))
     idle_ms = sum(g[0] for g in gaps) / steps / 1e3
     print(f"   GPU idle between kernels: {idle_ms:.3f} ms per step ({len(gaps)} stretches in {steps} steps)")
-    emit(layers=layers, gpu_idle_ms_per_step=round(idle_ms, 4))
+    emit(candidate=name, gpu_idle_ms_per_step=round(idle_ms, 4))
     for idle, before, after in sorted(gaps, reverse=True)[:top]:
         print(f"   {idle / 1e3:8.3f} ms idle  after {before}  before {after}")
     runtime: dict[str, list[float]] = {}
@@ -176,7 +131,7 @@ def report_gaps(prof, steps: int, top: int, layers: str) -> None:
         print(f"   host {ms:8.3f} ms {count:6.0f}x  {name}")
 
 
-def report_host(prof, steps: int, top: int, layers: str) -> None:
+def report_host(prof, steps: int, top: int, name: str) -> None:
     """The host events of most self time per step (the profiler's own cost included alike for
     every layer set), and how many host events a step has."""
     totals: dict[str, list[float]] = {}
@@ -188,10 +143,10 @@ def report_host(prof, steps: int, top: int, layers: str) -> None:
     events = sum(v[1] for v in totals.values())
     self_ms = sum(v[0] for v in totals.values())
     print(f"   host: {events:.0f} events per step, {self_ms:.2f} ms of their self time")
-    emit(layers=layers, host_events_per_step=round(events, 1), host_self_ms_per_step=round(self_ms, 4))
+    emit(candidate=name, host_events_per_step=round(events, 1), host_self_ms_per_step=round(self_ms, 4))
     for name, (ms, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   host {ms:8.3f} ms {count:6.0f}x  {name}")
-        emit(layers=layers, host_event=name, self_ms_per_step=round(ms, 4), calls_per_step=round(count, 1))
+        emit(candidate=name, host_event=name, self_ms_per_step=round(ms, 4), calls_per_step=round(count, 1))
 
 
 if __name__ == "__main__":
