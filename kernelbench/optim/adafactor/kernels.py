@@ -451,10 +451,10 @@ def _factored_apply_kernel(
             row_block = _global_row_block(meta, b, row_index - b * R, BR)
             range_ptr = tl.load(meta + _M_VR).to(tl.pointer_type(tl.float32))
             r = tl.load(ws_ptr + tl.load(meta + _M_ROWTMP) + row_index, mask=row_mask, other=1.0)
-            noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), _STREAM_ROW), global_rows.to(tl.int32))
+            row_noise = tl.rand(_seed(t, tl.load(meta + _M_SALT), _STREAM_ROW), global_rows.to(tl.int32))
             lo = tl.load(range_ptr + 2 * row_block, mask=row_mask, other=0.0)
             hi = tl.load(range_ptr + 2 * row_block + 1, mask=row_mask, other=0.0)
-            q = _log2_encode(tl.log2(tl.maximum(r, _TINY)), lo, hi, noise)
+            q = _log2_encode(tl.log2(tl.maximum(r, _TINY)), lo, hi, row_noise)
             tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.uint8)) + row_index, q, mask=row_mask)
     if HAS_M:
         if QUANT:
