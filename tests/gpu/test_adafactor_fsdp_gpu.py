@@ -5,14 +5,26 @@
 Sharded against unsharded (kernelbench.distributed.fsdp's helpers: same weights, same gradients,
 every parameter and state tensor gathered and compared after each of 10 steps) on a Llama whose
 row blocks (64 rows), column blocks (128 columns) and flat blocks (256 elements) shard boundaries
-cut. Tolerances, as on the CPU (tests/test_optim_adafactor_fsdp.py) but for 10 steps and larger
-tensors: values a global sum enters (column statistic, mean(r), RMS(p), RMS(u)) differ by the order
-of the sums, relative 1e-6 for fp32 state; an 8-bit code may then differ by one step where a
-value sits at a threshold of its stochastic rounding, which moves that element's decoded state by
-one code step and the parameters it updates by a fraction of one step's update: codes within one
-step (a first-moment code's sign near zero counted through zero), parameters within 1e-4
-relative, absmax scales and log2 ranges within 1/64 (one code step of a block's extreme). The
-printed rows give the measured figures.
+cut.
+
+Tolerances. The row statistic r and the full second moment v, their 8-bit codes and ranges come
+from each rank's own rows, summed in the order one device sums them, and the ranges ranks share
+are exact maxima: equal bit for bit, as in the interpreter (tests/test_optim_adafactor_fsdp.py).
+Values a global sum enters (column statistic, mean(r), RMS(p), RMS(u)) differ by the order of the
+sums: relative 1e-6 for fp32 state. An 8-bit code made from such a value differs by one step
+where the value sits within that rounding of a threshold of its stochastic rounding (a few codes
+in ten thousand), and a code that differs changes what later steps decode and encode, so over the
+10 steps the differences carry:
+- column codes: within 2 steps, one at a threshold and one where the block's range moved with its
+  extreme value;
+- the first moment, decoded, within 1 / (1 - beta1) steps of its code's top of range (2 absmax /
+  127): each step re-encodes beta1 times the carried difference, plus less than one step. A code
+  near zero can then differ by many steps of its square-root code, so its codes are not compared;
+- at most 1% of each kind of code differ at any step (a defect such as rounding noise drawn for
+  local indices changes a third of them);
+- parameters within 1e-4 relative, absmax scales and column ranges within 1/64 (one code step of a
+  block's extreme).
+The printed rows give the measured figures (results/2026-11-30-2xh200-adafactor-fsdp-codes).
 """
 
 from __future__ import annotations
@@ -34,6 +46,11 @@ two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device
 CONFIG = LlamaConfig(vocab_size=1000, hidden=320, n_layers=2, n_heads=5, n_kv_heads=1, intermediate=864, max_seq=64)
 STEPS = 10
 CODES = ("row_q", "col_q", "v_q", "m_q")
+LOG2_CODES = ("row_q", "col_q", "v_q")
+EXACT = ("row", "row_q", "row_range", "v", "v_q", "v_range", "step")
+LOG2_CODE_STEPS = 2
+FIRST_MOMENT_TOP_STEPS = 1 / (1 - 0.9)  # the cases' beta1
+CODES_DIFFERING = 0.01
 
 
 @dataclass(frozen=True)
@@ -56,14 +73,27 @@ CASES = {
 }
 
 
-def _code_distance(key: str, a: torch.Tensor, b: torch.Tensor) -> int:
-    a, b = a.to(torch.int32), b.to(torch.int32)
-    if key != "m_q":
-        return int((a - b).abs().max()) if a.numel() else 0
-    mag_a, mag_b = a & 127, b & 127
-    same_sign = (a >> 7) == (b >> 7)
-    dist = torch.where(same_sign, (mag_a - mag_b).abs(), mag_a + mag_b)
-    return int(dist.max()) if a.numel() else 0
+def _code_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.to(torch.int32) - b.to(torch.int32)).abs().max()) if a.numel() else 0
+
+
+def _absmax_per_element(param: torch.Tensor, state: dict) -> torch.Tensor:
+    from kernelbench.optim.adafactor.host import COL_BLOCK, FLAT_BLOCK
+
+    if param.ndim >= 2:
+        columns = torch.arange(param.shape[-1], device=param.device) // COL_BLOCK
+        return state["m_scale"][:, columns].reshape(param.shape)
+    return state["m_scale"][torch.arange(param.numel(), device=param.device) // FLAT_BLOCK].view(param.shape)
+
+
+def _first_moment_top_steps(param: torch.Tensor, state: dict, ref_state: dict) -> float:
+    """The largest difference of the decoded first moments, in code steps at the top of each
+    block's range (2 absmax / 127, the coarsest step of the square-root code)."""
+    from kernelbench.optim.adafactor.host import dequantize_state
+
+    m, ref_m = dequantize_state(param, state)["m"], dequantize_state(param, ref_state)["m"]
+    step = 2 * _absmax_per_element(param, ref_state) / 127
+    return float(((m - ref_m).abs() / step.clamp_min(1e-30)).max()) if m.numel() else 0.0
 
 
 def _parity(rank, world):
@@ -91,12 +121,19 @@ def _parity(rank, world):
             rows += compare_runs(step, plain, sharded, plain_opt, sharded_opt, True)
             ref = dict(plain.named_parameters())
             for pname, p in sharded.named_parameters():
-                for key in CODES:
-                    if key in sharded_opt.state[p]:
-                        value = sharded_opt.state[p][key]
+                state, ref_state = sharded_opt.state[p], plain_opt.state[ref[pname]]
+                for key in LOG2_CODES:
+                    if key in state:
+                        value = state[key]
                         full = value.full_tensor() if hasattr(value, "full_tensor") else value
-                        rows.append({"step": step, "tensor": f"{pname}.{key}", "code_distance":
-                                     _code_distance(key, full, plain_opt.state[ref[pname]][key])})
+                        rows.append({"step": step, "tensor": f"{pname}.{key}",
+                                     "code_distance": _code_distance(full, ref_state[key]),
+                                     "differing": int((full != ref_state[key]).sum()), "codes": full.numel()})
+                if "m_q" in state:
+                    full = state["m_q"].full_tensor() if hasattr(state["m_q"], "full_tensor") else state["m_q"]
+                    rows.append({"step": step, "tensor": f"{pname}.m_q",
+                                 "top_steps": _first_moment_top_steps(ref[pname], state, ref_state),
+                                 "differing": int((full != ref_state["m_q"]).sum()), "codes": full.numel()})
         out[name] = rows
     return out
 
@@ -115,26 +152,39 @@ def _kind(name: str) -> str:
 def test_two_gpus_step_as_one(nccl_rows, case):
     rows = nccl_rows[case]
     worst: dict[str, tuple[float, float, int]] = {}
+    differing: dict[tuple[int, str], list[int]] = {}  # (step, code) -> [codes differing, codes]
     for r in rows:
         kind = _kind(r["tensor"])
-        if "code_distance" in r:
-            kind = f"{kind} (code steps)"
+        if "differing" in r:
+            counts = differing.setdefault((r["step"], kind), [0, 0])
+            counts[0] += r["differing"]
+            counts[1] += r["codes"]
+            measure = "code_distance" if "code_distance" in r else "top_steps"
+            kind = f"{kind} ({'code steps' if measure == 'code_distance' else 'decoded, top code steps'})"
             a, b, c = worst.get(kind, (0.0, 0.0, 0))
-            worst[kind] = (max(a, r["code_distance"]), b, c + (r["code_distance"] > 0))
-            continue
-        a, b, c = worst.get(kind, (0.0, 0.0, 0))
-        worst[kind] = (max(a, r["max_abs"]), max(b, r["rel_frob"]), c + (not r["bitwise"]))
+            worst[kind] = (max(a, r[measure]), b, c + (r[measure] > 0))
+        else:
+            a, b, c = worst.get(kind, (0.0, 0.0, 0))
+            worst[kind] = (max(a, r["max_abs"]), max(b, r["rel_frob"]), c + (not r["bitwise"]))
     print(f"\n{case}: per kind of tensor over {STEPS} steps: (max_abs or code steps, rel_frob, rows not equal)")
     for kind, figures in sorted(worst.items()):
         print(f"  {kind}: {figures}")
+    for (step, kind), (n, total) in sorted(differing.items()):
+        print(f"  step {step}: {kind} {n} of {total} codes differ")
     for r in rows:
         kind = _kind(r["tensor"])
-        if "code_distance" in r:
-            assert r["code_distance"] <= 1, r
+        if kind in EXACT:
+            assert r.get("code_distance", 0) == 0 and r.get("bitwise", True), r
+        elif "code_distance" in r:
+            assert r["code_distance"] <= LOG2_CODE_STEPS, r
+        elif "top_steps" in r:
+            assert r["top_steps"] <= FIRST_MOMENT_TOP_STEPS, r
         elif r.get("missing") or r.get("shape_mismatch") or r.get("nan_mismatch"):
             raise AssertionError(r)
         elif kind not in CODES:
             assert r["rel_frob"] <= _tolerance(case, kind), r
+    for (step, kind), (n, total) in differing.items():
+        assert n <= CODES_DIFFERING * total, (step, kind, n, total)
 
 
 def _tolerance(case: str, kind: str) -> float:

@@ -102,7 +102,9 @@ NMETA = tl.constexpr(27)
 # Random streams for stochastic rounding (one per kind of state, so their noise is independent).
 _STREAM_ROW, _STREAM_COL, _STREAM_V, _STREAM_M = (tl.constexpr(i) for i in range(4))
 
-_TINY = tl.constexpr(1e-38)  # log2 of 0 is -inf; second-moment values are floored here before encoding
+# log2 of 0 is -inf: values are floored here before encoding. The smallest normal fp32: Triton types a
+# smaller literal (an fp32 subnormal) as fp64, and every expression it enters is then computed in fp64.
+_TINY = tl.constexpr(2.0 ** -126)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,7 +146,7 @@ def _log2_decode(q, lo, hi):
 
 @triton.jit
 def _signed_encode(m, absmax, noise):
-    inv = tl.where(absmax > 0.0, 1.0 / tl.maximum(absmax, 1e-38), 0.0)
+    inv = tl.where(absmax > 0.0, 1.0 / tl.maximum(absmax, _TINY), 0.0)
     mag = tl.minimum(tl.floor(127.0 * tl.sqrt(tl.abs(m) * inv) + noise), 127.0)
     return (mag + tl.where(m < 0.0, 128.0, 0.0)).to(tl.uint8)
 
