@@ -124,6 +124,8 @@ def _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2: tl.constexpr):
     return 1.0 - tl.exp2(decay_rate * tl.log2(t))
 
 
+# Multiply-adds are written as tl.fma: the compiler contracts a * b + c into one differently from
+# kernel to kernel, and the sharded step computes in other kernels the values one device computes.
 @triton.jit
 def _log2_range(logx, mask, axis: tl.constexpr):
     hi = tl.max(tl.where(mask, logx, -float("inf")), axis=axis)
@@ -135,19 +137,19 @@ def _log2_range(logx, mask, axis: tl.constexpr):
 def _log2_encode(logx, lo, hi, noise):
     # hi == lo (a constant block) encodes everything as 0, which decodes to 2^lo exactly
     scale = 255.0 / tl.maximum(hi - lo, 1e-30)
-    q = tl.floor(tl.where(hi > lo, (logx - lo) * scale, 0.0) + noise)
+    q = tl.floor(tl.where(hi > lo, tl.fma(logx - lo, scale, noise), noise))
     return tl.minimum(tl.maximum(q, 0.0), 255.0).to(tl.uint8)
 
 
 @triton.jit
 def _log2_decode(q, lo, hi):
-    return tl.exp2(lo + q.to(tl.float32) * ((hi - lo) / 255.0))
+    return tl.exp2(tl.fma(q.to(tl.float32), (hi - lo) / 255.0, lo))
 
 
 @triton.jit
 def _signed_encode(m, absmax, noise):
     inv = tl.where(absmax > 0.0, 1.0 / tl.maximum(absmax, _TINY), 0.0)
-    mag = tl.minimum(tl.floor(127.0 * tl.sqrt(tl.abs(m) * inv) + noise), 127.0)
+    mag = tl.minimum(tl.floor(tl.fma(127.0, tl.sqrt(tl.abs(m) * inv), noise)), 127.0)
     return (mag + tl.where(m < 0.0, 128.0, 0.0)).to(tl.uint8)
 
 
@@ -234,7 +236,7 @@ def _update_factor(meta, ws_ptr, index, mask, j, new, t, beta2t,
     else:
         old = tl.load(tl.load(meta + STATE).to(tl.pointer_type(tl.float32)) + index, mask=mask, other=0.0)
     old = tl.where(t > 1.0, old, 0.0)                        # fresh state is zero
-    value = beta2t * old + (1.0 - beta2t) * new
+    value = tl.fma(beta2t, old, (1.0 - beta2t) * new)
     tl.store(ws_ptr + tl.load(meta + TMP) + index, value, mask=mask)
     if QUANT:
         logv = tl.log2(tl.maximum(value, _TINY))
@@ -270,7 +272,7 @@ def _update_rows_sharded(meta, ws_ptr, row_index, row_mask, row_block, new, t, b
     else:
         old = tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + row_index, mask=row_mask, other=0.0)
     old = tl.where(t > 1.0, old, 0.0)
-    value = beta2t * old + (1.0 - beta2t) * new
+    value = tl.fma(beta2t, old, (1.0 - beta2t) * new)
     tl.store(ws_ptr + tl.load(meta + _M_ROWTMP) + row_index, value, mask=row_mask)
     if not QUANT:
         tl.store(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + row_index, value, mask=row_mask)
@@ -486,7 +488,7 @@ def _factored_apply_kernel(
                 m = _signed_decode(tl.load(mq_ptr + offs, mask=mask, other=0),
                                    tl.load(ms_ptr + block, mask=row_mask, other=0.0)[:, None])
                 m = tl.where(t > 1.0, m, 0.0)
-                m = beta1 * m + (1.0 - beta1) * u
+                m = tl.fma(beta1, m, (1.0 - beta1) * u)
                 absmax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1)
                 if SHARDED:
                     noise = tl.rand(seed, (noise_start[:, None] + cols[None, :]).to(tl.int32))
@@ -496,10 +498,10 @@ def _factored_apply_kernel(
                 tl.store(ms_ptr + block, absmax, mask=row_mask)
             else:
                 m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-                m = beta1 * m + (1.0 - beta1) * u
+                m = tl.fma(beta1, m, (1.0 - beta1) * u)
                 tl.store(m_ptr + offs, m, mask=mask)
             u = m
-        tl.store(p_ptr + offs, p * decay - alpha * u, mask=mask)
+        tl.store(p_ptr + offs, tl.fma(p, decay, -alpha * u), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -519,7 +521,7 @@ def _full_second_moment(g, meta, offs, blocks, mask, block_mask, t, eps1, beta2,
         old = tl.load(tl.load(meta + _M_V).to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
     old = tl.where(t > 1.0, old, 0.0)
     beta2t = _one_minus_beta2(t, beta2, decay_rate, FIXED_BETA2)
-    return beta2t * old + (1.0 - beta2t) * (g * g + eps1)
+    return tl.fma(beta2t, old, (1.0 - beta2t) * tl.fma(g, g, eps1))
 
 
 @triton.jit
@@ -607,7 +609,7 @@ def _full_apply_kernel(
             m = _signed_decode(tl.load(mq_ptr + offs, mask=mask, other=0),
                                tl.load(ms_ptr + blocks, mask=block_mask, other=0.0)[:, None])
             m = tl.where(t > 1.0, m, 0.0)
-            m = beta1 * m + (1.0 - beta1) * u
+            m = tl.fma(beta1, m, (1.0 - beta1) * u)
             absmax = tl.max(tl.where(mask, tl.abs(m), 0.0), axis=1)
             if SHARDED:
                 tl.store(ws_ptr + tl.load(meta + _M_MTMP) + offs, m, mask=mask)
@@ -618,11 +620,11 @@ def _full_apply_kernel(
                 tl.store(ms_ptr + blocks, absmax, mask=block_mask)
         else:
             m_ptr = tl.load(meta + _M_M).to(tl.pointer_type(tl.float32))
-            m = beta1 * tl.load(m_ptr + offs, mask=mask, other=0.0) + (1.0 - beta1) * u
+            m = tl.fma(beta1, tl.load(m_ptr + offs, mask=mask, other=0.0), (1.0 - beta1) * u)
             tl.store(m_ptr + offs, m, mask=mask)
         u = m
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    tl.store(p_ptr + offs, p * decay - alpha * u, mask=mask)
+    tl.store(p_ptr + offs, tl.fma(p, decay, -alpha * u), mask=mask)
 
 
 @triton.jit
