@@ -82,9 +82,10 @@ def _decode_log2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
 
 
 def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor]:
-    """The fp32 values an 8-bit state stands for, decoded as the kernels decode them, under the
-    names the fp32 state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests. The
-    state of a sharded parameter is gathered first (a collective: call it on every rank)."""
+    """The fp32 values an 8-bit state stands for, by the kernels' decoding formulas (to the last
+    bits: the kernels' exp2 and fused multiply-adds round their own way), under the names the fp32
+    state uses (``row``, ``col``, ``v``, ``m``): for inspection and tests. The state of a sharded
+    parameter is gathered first (a collective: call it on every rank)."""
     out: dict[str, torch.Tensor] = {}
     state = {key: value.full_tensor() if is_dtensor(value) else value for key, value in state.items()}
     if "row_q" in state:
