@@ -12,12 +12,15 @@ from kernelbench.distributed import launch as launch_module
 from kernelbench.harness.rows import ERROR, OK
 from kernelbench.ops.dist_train_step import BASELINE, ROUND_STALL_S, default_stall_s, result_rows, round_stalled
 
+# Rank 0 alone writes the result, as the real workers do: two ranks writing one file can leave the
+# tail of the longer text after the shorter one, which no longer parses.
 HANGING_WORKER = '''
-import json, sys, time
+import json, os, sys, time
 out = sys.argv[sys.argv.index("--output") + 1]
 result = {"op": "demo", "candidates": {"a": {"status": "ok"}},
           "running": {"candidate": "b", "round": 1, "since_unix": time.time()}}
-open(out, "w").write(json.dumps(result))
+if os.environ["RANK"] == "0":
+    open(out, "w").write(json.dumps(result))
 time.sleep(600)  # a rank stuck in a collective
 '''
 
