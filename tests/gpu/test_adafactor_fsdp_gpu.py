@@ -73,26 +73,21 @@ CASES = {
 }
 
 
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
 def _code_distance(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.to(torch.int32) - b.to(torch.int32)).abs().max()) if a.numel() else 0
-
-
-def _absmax_per_element(param: torch.Tensor, state: dict) -> torch.Tensor:
-    from kernelbench.optim.adafactor.host import COL_BLOCK, FLAT_BLOCK
-
-    if param.ndim >= 2:
-        columns = torch.arange(param.shape[-1], device=param.device) // COL_BLOCK
-        return state["m_scale"][:, columns].reshape(param.shape)
-    return state["m_scale"][torch.arange(param.numel(), device=param.device) // FLAT_BLOCK].view(param.shape)
 
 
 def _first_moment_top_steps(param: torch.Tensor, state: dict, ref_state: dict) -> float:
     """The largest difference of the decoded first moments, in code steps at the top of each
     block's range (2 absmax / 127, the coarsest step of the square-root code)."""
-    from kernelbench.optim.adafactor.host import dequantize_state
+    from kernelbench.optim.adafactor.host import dequantize_state, first_moment_absmax
 
     m, ref_m = dequantize_state(param, state)["m"], dequantize_state(param, ref_state)["m"]
-    step = 2 * _absmax_per_element(param, ref_state) / 127
+    step = (2 * first_moment_absmax(param, ref_state) / 127).view(param.shape)
     return float(((m - ref_m).abs() / step.clamp_min(1e-30)).max()) if m.numel() else 0.0
 
 
@@ -124,13 +119,12 @@ def _parity(rank, world):
                 state, ref_state = sharded_opt.state[p], plain_opt.state[ref[pname]]
                 for key in LOG2_CODES:
                     if key in state:
-                        value = state[key]
-                        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+                        full = _whole(state[key])
                         rows.append({"step": step, "tensor": f"{pname}.{key}",
                                      "code_distance": _code_distance(full, ref_state[key]),
                                      "differing": int((full != ref_state[key]).sum()), "codes": full.numel()})
                 if "m_q" in state:
-                    full = state["m_q"].full_tensor() if hasattr(state["m_q"], "full_tensor") else state["m_q"]
+                    full = _whole(state["m_q"])
                     rows.append({"step": step, "tensor": f"{pname}.m_q",
                                  "top_steps": _first_moment_top_steps(ref[pname], state, ref_state),
                                  "differing": int((full != ref_state["m_q"]).sum()), "codes": full.numel()})

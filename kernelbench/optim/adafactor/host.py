@@ -105,14 +105,18 @@ def dequantize_state(param: torch.Tensor, state: dict) -> dict[str, torch.Tensor
         out["v"] = _decode_log2(state["v_q"].reshape(-1), rng[blk, 0], rng[blk, 1]).view(param.shape)
     if "m_q" in state:
         q = state["m_q"].reshape(-1).to(torch.int32)
-        if param.ndim >= 2:
-            C = param.shape[-1]
-            absmax = state["m_scale"][:, torch.arange(C, device=param.device) // COL_BLOCK].reshape(-1)
-        else:
-            absmax = state["m_scale"][torch.arange(param.numel(), device=param.device) // FLAT_BLOCK]
         mag = (q & 127).float() / 127.0
-        out["m"] = (torch.where(q >= 128, -1.0, 1.0) * mag * mag * absmax).view(param.shape)
+        out["m"] = (torch.where(q >= 128, -1.0, 1.0) * mag * mag * first_moment_absmax(param, state)).view(param.shape)
     return out
+
+
+def first_moment_absmax(param: torch.Tensor, state: dict) -> torch.Tensor:
+    """The absmax of each element's code block of an 8-bit first moment (``m_scale``, one per row
+    and column block of a matrix, one per flat block of a full tensor), flat, one per element.
+    ``state`` holds whole tensors (gathered, for a sharded parameter)."""
+    if param.ndim >= 2:
+        return state["m_scale"][:, torch.arange(param.shape[-1], device=param.device) // COL_BLOCK].reshape(-1)
+    return state["m_scale"][torch.arange(param.numel(), device=param.device) // FLAT_BLOCK]
 
 
 @dataclass(frozen=True)
